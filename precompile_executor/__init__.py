@@ -1,0 +1,46 @@
+"""precompile_executor: compile (and run once) many GPU kernel configs in parallel.
+
+The public surface is re-exported here; implementation lives in private modules. Importing this
+package imports neither torch nor triton (``precompile_executor.triton`` does, on demand).
+"""
+
+from ._batch import completed_future, wait_for_all
+from ._errors import (
+    Classification,
+    CudaInForkError,
+    RemoteError,
+    ResultSerializationError,
+    SerializationError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    WorkerStartError,
+)
+from ._executor import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    ExecutorStatistics,
+    PrecompileExecutor,
+    TaskResult,
+    stop_idle_workers,
+)
+from ._process import KILL_GRACE_S
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "KILL_GRACE_S",
+    "Classification",
+    "CudaInForkError",
+    "ExecutorStatistics",
+    "PrecompileExecutor",
+    "RemoteError",
+    "ResultSerializationError",
+    "SerializationError",
+    "TaskResult",
+    "TaskTimeoutError",
+    "WorkerCrashedError",
+    "WorkerStartError",
+    "completed_future",
+    "stop_idle_workers",
+    "wait_for_all",
+]

@@ -1,0 +1,153 @@
+"""Killing process groups, and the guardian that kills them if the parent itself dies.
+
+Every worker and every forked child leads its own process group (it called ``setsid``), so a
+kill of the group reaches compiler grandchildren such as ptxas too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+KILL_GRACE_S = 1.0
+"""Seconds between SIGTERM and SIGKILL: long enough for a clean exit, short for a hung ptxas."""
+
+_POLL_S = 0.01
+
+
+def _group_members(pgid: int, seed: list[psutil.Process]) -> list[psutil.Process]:
+    """The live processes of group ``pgid`` among ``seed`` (the leader and its descendants)."""
+    members = []
+    for proc in seed:
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return members
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """``pid`` and all its descendants that exist now."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process group ``pgid``, wait up to ``grace_s``, then SIGKILL what is left.
+
+    Descendants that left the group (a grandchild that called ``setsid`` itself) are killed
+    individually. Returns once every member is gone or a zombie.
+    """
+    seed = descendants(pgid)
+    first = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, first)
+    for proc in seed:
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(proc.pid) != pgid:
+                proc.send_signal(first)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive(seed):
+        time.sleep(_POLL_S)
+    if _alive(seed):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        for proc in seed:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and _alive(seed):
+            time.sleep(_POLL_S)
+
+
+def _alive(procs: list[psutil.Process]) -> bool:
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return False
+
+
+_GUARDIAN_CODE = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+groups = set()
+for line in sys.stdin:
+    op, pgid = line[:1], int(line[1:])
+    if op == "+":
+        groups.add(pgid)
+    else:
+        groups.discard(pgid)
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class Guardian:
+    """A tiny process that SIGKILLs every registered process group when the parent dies.
+
+    It reads ``+pgid`` / ``-pgid`` lines on stdin; EOF means the parent is gone (even by
+    SIGKILL), whatever state the workers are in — a worker stuck in C code holding the GIL
+    cannot watch for that itself.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _ensure(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", _GUARDIAN_CODE],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self._proc
+
+    def fileno(self) -> int | None:
+        """The fd of the pipe to the guardian (a forked child must close it)."""
+        proc = self._proc
+        return proc.stdin.fileno() if proc is not None and proc.stdin is not None else None
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            proc = self._ensure()
+            assert proc.stdin is not None
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.write(line.encode())
+                proc.stdin.flush()
+
+    def watch(self, pgid: int) -> None:
+        """Kill group ``pgid`` if this process dies before :meth:`forget` is called for it."""
+        self._send(f"+{pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        """Stop watching group ``pgid`` (it is gone)."""
+        self._send(f"-{pgid}\n")
+
+    def stop(self) -> None:
+        """Close the pipe with nothing registered: the guardian exits without killing."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)

@@ -1,0 +1,207 @@
+"""Worker-side code: runs inside a loky worker (the serve loop) or a forked child (one task).
+
+Nothing here imports the parent-side executor. A worker talks to the parent over one
+``multiprocessing.connection`` socket with two kinds of message:
+
+* parent → worker: ``("run", task_id, n_calls, want_output, blob)`` where ``blob`` is the
+  cloudpickled list of ``(fn, args, kwargs)`` calls, or ``("stop",)``;
+* worker → parent: ``("hello", token, pid, error_record_or_None)`` once, then
+  ``("done", task_id, outcomes, output_or_None)`` per task, where each outcome is
+  ``(True, cloudpickled_value)`` or ``(False, ErrorRecord)``.
+
+The task's stdout and stderr are captured at the file-descriptor level into a file whose path
+the parent chose, so the parent can read it even after the worker was killed.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import resource
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+import cloudpickle
+
+from ._errors import ErrorRecord, record_from_exception
+
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+Outcome = tuple[bool, Any]
+
+CAPTURE_LIMIT_BYTES = 1 << 20
+"""Keep at most the last 1 MiB of a task's output: compiler logs can be huge."""
+
+
+class OutputCapture:
+    """Points fd 1 and fd 2 of this process at one file, emptied before each task."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os.dup2(self.fd, 1)
+        os.dup2(self.fd, 2)
+        # A segfault or abort writes the Python stack into the capture file, next to the output.
+        faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]
+
+    def reset(self) -> None:
+        """Empty the file: what follows belongs to the next task."""
+        os.ftruncate(self.fd, 0)
+
+    def read(self) -> str:
+        """Return what the current task wrote, flushing Python's own buffers first."""
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+        return read_capture_file(self.fd)
+
+
+def read_capture_file(fd_or_path: int | str) -> str:
+    """Read a capture file (by fd or path), keeping its last :data:`CAPTURE_LIMIT_BYTES`."""
+    if isinstance(fd_or_path, str):
+        try:
+            fd = os.open(fd_or_path, os.O_RDONLY)
+        except OSError:
+            return ""
+        try:
+            return read_capture_file(fd)
+        finally:
+            os.close(fd)
+    size = os.fstat(fd_or_path).st_size
+    if size == 0:
+        return ""
+    start = max(0, size - CAPTURE_LIMIT_BYTES)
+    data = os.pread(fd_or_path, size - start, start)
+    text = data.decode("utf-8", errors="replace")
+    if start:
+        text = f"[... {start} earlier bytes cut ...]\n{text}"
+    return text
+
+
+def run_calls(calls: Sequence[Call], pid: int) -> list[Outcome]:
+    """Run each call; never raises. Values are cloudpickled here, so a result that cannot be
+    pickled fails its own call only."""
+    outcomes: list[Outcome] = []
+    for fn, args, kwargs in calls:
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a task fails the task only
+            outcomes.append((False, _record(exc, pid)))
+            continue
+        try:
+            outcomes.append((True, cloudpickle.dumps(value)))
+        except BaseException as exc:  # noqa: BLE001
+            outcomes.append((False, _result_record(value, exc, pid)))
+    return outcomes
+
+
+def _record(exc: BaseException, pid: int) -> ErrorRecord:
+    return record_from_exception(exc, traceback.format_exc(), "", pid)
+
+
+def _result_record(value: Any, exc: BaseException, pid: int) -> ErrorRecord:
+    message = (
+        f"the task's result of type {type(value).__qualname__} could not be pickled to send it "
+        f"back: {type(exc).__name__}: {exc}. Return plain data (bytes, numbers, dicts) instead."
+    )
+    return ErrorRecord(
+        exc_type="ResultSerializationError",
+        exc_module="precompile_executor._errors",
+        exc_qualname="ResultSerializationError",
+        args=(message,),
+        message=message,
+        traceback=traceback.format_exc(),
+        worker_pid=pid,
+    )
+
+
+def with_output(outcomes: list[Outcome], output: str) -> list[Outcome]:
+    """Attach the task's captured output to each error record."""
+    fixed: list[Outcome] = []
+    for ok, payload in outcomes:
+        if not ok and isinstance(payload, ErrorRecord) and not payload.captured_output:
+            payload = ErrorRecord(**{**payload.__dict__, "captured_output": output})
+        fixed.append((ok, payload))
+    return fixed
+
+
+def execute(blob: bytes, n_calls: int, want_output: bool, capture: OutputCapture) -> tuple:
+    """Run one task message's calls with its output captured; return the ``done`` fields."""
+    pid = os.getpid()
+    capture.reset()
+    try:
+        calls = cloudpickle.loads(blob)
+    except BaseException as exc:  # noqa: BLE001 - e.g. a module missing in the worker
+        outcomes: list[Outcome] = [(False, _record(exc, pid))] * n_calls
+    else:
+        outcomes = run_calls(calls, pid)
+    output = capture.read()
+    failed = any(not ok for ok, _ in outcomes)
+    if failed:
+        outcomes = with_output(outcomes, output)
+    return outcomes, (output if want_output or failed else None)
+
+
+def become_group_leader() -> None:
+    """Start a new session so a kill of the group also reaches compiler grandchildren.
+
+    Also turns core dumps off: a crashing compile should fail fast, not write gigabytes first.
+    """
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a group leader
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError):
+        pass
+
+
+def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:
+    """The loky task that turns a loky worker into one of ours; returns when told to stop.
+
+    Args:
+        address: the parent's Unix socket.
+        token: identifies this worker to the parent.
+        capture_path: where this worker's fd 1 and fd 2 go.
+        init_blob: cloudpickled ``(initializer, initargs)``, or ``None``.
+    """
+    become_group_leader()
+    conn: Connection = Client(address, family="AF_UNIX")
+    capture = OutputCapture(capture_path)
+    pid = os.getpid()
+    failure: ErrorRecord | None = None
+    if init_blob is not None:
+        capture.reset()
+        try:
+            initializer, initargs = cloudpickle.loads(init_blob)
+            initializer(*initargs)
+        except BaseException as exc:  # noqa: BLE001
+            failure = record_from_exception(exc, traceback.format_exc(), capture.read(), pid)
+    conn.send_bytes(pickle.dumps(("hello", token, pid, failure)))
+    if failure is not None:
+        conn.close()
+        return
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break  # the parent went away or closed us: leave quietly
+        if message[0] != "run":
+            break
+        _, task_id, n_calls, want_output, blob = message
+        outcomes, output = execute(blob, n_calls, want_output, capture)
+        try:
+            conn.send_bytes(pickle.dumps(("done", task_id, outcomes, output)))
+        except (EOFError, OSError):
+            break
+    conn.close()

@@ -1,0 +1,75 @@
+"""Triton integration: compile ``@triton.jit`` kernels in worker processes, use them here.
+
+Importing this package imports Triton (``import precompile_executor`` does not).
+
+* :func:`precompile` — compile one kernel for a signature, constexprs, options and target in a
+  worker; the cache files come back as bytes and are installed in this process's Triton cache, so
+  this process's next compile or launch of that kernel and config is a cache hit.
+* :func:`async_compile_executor` — an executor for Triton's own ``AsyncCompileMode`` that runs
+  the compiles in worker processes and hands Triton real ``CompiledKernel`` objects.
+* :func:`warm` — compile every config of ``@triton.autotune`` kernels for argument specs
+  (:class:`TensorSpec`, :func:`launch`), in parallel, before the autotuner's first call.
+* :func:`classify` — the ``classify`` hook that knows Triton's expected failures.
+* :func:`parse_target` — ``"cuda:90"`` → ``GPUTarget``; no GPU is needed to compile for one.
+
+Data flow (one compile)::
+
+    caller: ASTSource ─► CompileRequest (KernelRef + plain data) ─► executor.submit(...)
+    worker: load kernel (import or rebuild from source) ─► triton.compile() in a private temp
+            cache ─► CompiledArtifacts (hash, {file name: bytes})
+    caller: install files + group in its own cache ─► CompiledKernel(src, group, hash)
+
+See ``docs/triton.md``.
+"""
+
+from ._async import TritonCompileExecutor, async_compile_executor
+from ._cache import expected_hash, install
+from ._classify import Classification, classify
+from ._errors import CacheKeyMismatchError, KernelTransferError, UnsupportedTritonError
+from ._kernel_ref import KernelRef, kernel_ref, load_kernel
+from ._messages import CompiledArtifacts, CompileRequest
+from ._submit import CompileJob, precompile
+from ._target import format_target, parse_target
+from ._warm import (
+    ConfigResult,
+    KernelSpecs,
+    Launch,
+    TensorSpec,
+    WarmReport,
+    configs_of,
+    count_configs,
+    launch,
+    warm,
+)
+from ._worker import compile_request
+
+__all__ = [
+    "CacheKeyMismatchError",
+    "Classification",
+    "CompileJob",
+    "CompileRequest",
+    "CompiledArtifacts",
+    "ConfigResult",
+    "KernelRef",
+    "KernelSpecs",
+    "KernelTransferError",
+    "Launch",
+    "TensorSpec",
+    "TritonCompileExecutor",
+    "UnsupportedTritonError",
+    "WarmReport",
+    "async_compile_executor",
+    "classify",
+    "compile_request",
+    "configs_of",
+    "count_configs",
+    "expected_hash",
+    "format_target",
+    "install",
+    "kernel_ref",
+    "launch",
+    "load_kernel",
+    "parse_target",
+    "precompile",
+    "warm",
+]

@@ -1,0 +1,212 @@
+"""Caller side: turn one Triton compile into a task, and its result into a ``CompiledKernel``.
+
+::
+
+    caller                                         worker process
+    ------                                         --------------
+    ASTSource(fn, signature, constexprs, attrs)
+      │  expected_hash(); cache hit? ─► done, no task
+      ▼
+    CompileRequest (KernelRef, plain data) ──────► compile_request()
+                                                     load_kernel(): import, or rebuild from source
+                                                     triton.compile() into a private temp cache
+    CompiledArtifacts (hash, {name: bytes}) ◄───── read the group's files as bytes
+      │  install(): put files, then the group, into the caller's cache
+      ▼
+    CompiledKernel(src, group, hash) ─► CompileJob.future
+
+The future a :class:`CompileJob` holds resolves in the executor's result thread, as soon as the
+worker's answer arrives; a task's exception (a ``RemoteError`` proxy from
+:class:`~precompile_executor.PrecompileExecutor`) becomes the future's exception unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from triton._C.libtriton import get_cache_invalidating_env_vars
+from triton.compiler import ASTSource
+
+from ._cache import cached_group, expected_hash, install, load_compiled, metadata_filename
+from ._classify import classify
+from ._kernel_ref import kernel_ref, unwrap_jit_function
+from ._messages import CompiledArtifacts, CompileRequest, encode_constexprs
+from ._target import parse_target
+from ._worker import compile_request
+
+
+@dataclasses.dataclass(eq=False)
+class CompileJob:
+    """One compile as the caller sees it: sent to a worker, or found in the cache.
+
+    Attributes:
+        request: what was (or would have been) sent.
+        future: resolves to the caller's ``CompiledKernel``, or to the task's exception.
+        cached: the caller's cache already held the result; no task was submitted.
+        artifacts: what the worker sent back, once it has.
+        submitted_at: ``time.perf_counter()`` when the job was created.
+        finished_at: ``time.perf_counter()`` when its future resolved.
+    """
+
+    request: CompileRequest
+    future: Future[Any]
+    cached: bool = False
+    artifacts: CompiledArtifacts | None = None
+    submitted_at: float = dataclasses.field(default_factory=time.perf_counter)
+    finished_at: float | None = None
+
+    @property
+    def description(self) -> str:
+        """The kernel, its constexprs and main options, e.g. ``matmul[BLOCK_M=64, num_warps=4]``."""
+        return self.request.description
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait at most ``timeout`` seconds and return the ``CompiledKernel`` (see ``Future``)."""
+        return self.future.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait at most ``timeout`` seconds and return the task's exception, if any."""
+        return self.future.exception(timeout)
+
+    def done(self) -> bool:
+        """Return whether the job has finished (compiled, failed, cancelled or cached)."""
+        return self.future.done()
+
+
+def build_request(src: Any, target: Any, options: Mapping[str, Any],
+                  env_vars: Mapping[str, str]) -> CompileRequest:
+    """Return the picklable :class:`CompileRequest` for ``triton.compile(src, target, options)``.
+
+    Raises:
+        KernelTransferError: the kernel cannot be sent to another process.
+        UnsupportedTritonError: see :func:`expected_hash`.
+    """
+    return CompileRequest(
+        kernel=kernel_ref(src.fn),
+        signature=dict(src.signature),
+        constexprs=encode_constexprs(src.constants),
+        attrs={tuple(path): value for path, value in dict(src.attrs).items()},
+        target=(target.backend, target.arch, target.warp_size),
+        options=dict(options),
+        env_vars=dict(env_vars),
+        expected_hash=expected_hash(src, target, options, env_vars),
+        caller_pid=os.getpid(),
+    )
+
+
+def submit_compile(executor: Executor, src: Any, target: Any, options: Mapping[str, Any],
+                   env_vars: Mapping[str, str], *, force: bool = False) -> CompileJob:
+    """Compile ``src`` for ``target`` in ``executor`` unless the caller's cache has it.
+
+    Args:
+        executor: runs :func:`compile_request`; any ``concurrent.futures.Executor``.
+        src: a ``triton.compiler.ASTSource``.
+        target: a ``GPUTarget``.
+        options: backend options (``num_warps``, ``num_stages``, …).
+        env_vars: the caller's cache-invalidating environment variables.
+        force: compile even if the caller's cache has the result.
+
+    Returns:
+        The job; its future resolves to a ``CompiledKernel`` loaded from the caller's cache.
+    """
+    request = build_request(src, target, options, env_vars)
+    outer: Future[Any] = Future()
+    job = CompileJob(request, outer)
+    group = None if force else cached_group(request.expected_hash, metadata_filename(src))
+    if group is not None:
+        job.cached = True
+        outer.set_running_or_notify_cancel()
+        job.finished_at = time.perf_counter()
+        outer.set_result(load_compiled(src, group, request.expected_hash))
+        return job
+    inner = executor.submit(compile_request, request)
+
+    def cancel_inner(done: Future[Any]) -> None:
+        if done.cancelled():
+            inner.cancel()
+
+    def finish(done: Future[Any]) -> None:
+        if done.cancelled():
+            outer.cancel()
+            return
+        if not outer.set_running_or_notify_cancel():
+            return
+        exc = done.exception()
+        if exc is None:
+            try:
+                artifacts: CompiledArtifacts = done.result()
+                group = install(artifacts, request.expected_hash)
+                kernel = load_compiled(src, group, artifacts.hash)
+            except BaseException as install_exc:  # noqa: BLE001 - delivered through the future
+                exc = install_exc
+            else:
+                job.artifacts = artifacts
+                job.finished_at = time.perf_counter()
+                outer.set_result(kernel)
+                return
+        job.finished_at = time.perf_counter()
+        outer.set_exception(exc)
+
+    outer.add_done_callback(cancel_inner)
+    inner.add_done_callback(finish)
+    return job
+
+
+def precompile(kernel: Any, signature: Mapping[str, str],
+               constexprs: Mapping[Any, Any] | None = None, *, target: Any,
+               options: Mapping[str, Any] | None = None,
+               attrs: Mapping[Any, Any] | None = None,
+               executor: Executor | None = None, force: bool = False) -> CompileJob:
+    """Compile a ``@triton.jit`` kernel in a worker and install the result in the caller's cache.
+
+    The arguments are those of ``triton.compile(ASTSource(fn, signature, constexprs, attrs),
+    target=target, options=options)``; afterwards that call, and a launch that specialises the
+    same way, is a cache hit in this process.
+
+    Args:
+        kernel: a ``JITFunction`` (autotune/heuristics wrappers are unwrapped).
+        signature: argument name to Triton type, e.g. ``{"x_ptr": "*fp32", "n": "i32",
+            "BLOCK": "constexpr"}``.
+        constexprs: argument name (or path) to value for the ``constexpr`` arguments.
+        target: ``"cuda:90"``-style string or a ``GPUTarget``; no GPU is needed.
+        options: backend options such as ``num_warps``, ``num_stages``.
+        attrs: argument path to attributes, e.g. ``{(0,): [["tt.divisibility", 16]]}``.
+        executor: where to compile; a shared :class:`~precompile_executor.PrecompileExecutor`
+            by default.
+        force: compile even when the caller's cache already has the result.
+
+    Returns:
+        A :class:`CompileJob`; ``job.result(timeout)`` is the ``CompiledKernel``.
+    """
+    fn = unwrap_jit_function(kernel)
+    src = ASTSource(fn, dict(signature), dict(constexprs or {}), dict(attrs or {}))
+    return submit_compile(
+        executor if executor is not None else default_executor(),
+        src,
+        parse_target(target),
+        dict(options or {}),
+        get_cache_invalidating_env_vars(),
+        force=force,
+    )
+
+
+_default_lock = threading.Lock()
+_default: Executor | None = None
+
+
+def default_executor() -> Executor:
+    """Return the process-wide :class:`~precompile_executor.PrecompileExecutor` used when no
+    executor is given, creating it on first use (its idle workers exit on their own)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            from precompile_executor import PrecompileExecutor
+
+            _default = PrecompileExecutor(classify=classify)
+        return _default

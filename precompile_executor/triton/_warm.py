@@ -1,0 +1,330 @@
+"""Warm ``@triton.autotune`` kernels: compile every config in parallel before the first call.
+
+For each kernel, launch and config, :func:`warm` calls the kernel's own
+``warmup(*args, grid=(1,), **kwargs, **config.all_kwargs())`` — the call ``Autotuner`` makes for a
+config, minus the launch — inside ``triton.AsyncCompileMode`` with a
+:class:`~._async.TritonCompileExecutor`. So Triton itself binds the arguments, specialises them
+(pointer and integer divisibility by 16, integers equal to 1, ``do_not_specialize``), applies
+heuristics, parses the options and computes the cache key; the compiles run in the executor's
+workers and land in this process's cache under exactly the keys the real launch will look up.
+
+Arguments need not be real tensors: a :class:`TensorSpec` carries what specialisation reads
+(dtype and whether the pointer is 16-byte aligned) plus shape and strides for convenience. Integers
+must specialise like the real ones: pass the real value, or any value with the same
+"equals 1 / multiple of 16 / other" class.
+
+With an explicit ``target`` the warm-up uses a compile-only driver (see ``_driver.py``) and needs
+no GPU; with ``target=None`` it compiles for the current GPU through the real driver, and also
+fills the JIT's in-memory kernel cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor, Future, as_completed
+from contextlib import ExitStack
+from typing import Any, Literal
+
+import triton.language as tl
+from triton.runtime._async_compile import AsyncCompileMode
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.driver import driver
+
+from ._async import TritonCompileExecutor
+from ._classify import Classification, classify
+from ._driver import compile_only_driver, forget_device
+from ._kernel_ref import unwrap_jit_function
+from ._submit import CompileJob, default_executor
+from ._target import format_target, parse_target
+
+WARMUP_GRID = (1,)
+"""The grid passed to ``warmup``: ignored (nothing is launched) but required by Triton."""
+
+Status = Literal["ok", "cached", "failed", "timed out"]
+
+
+class TensorSpec:
+    """A stand-in for a tensor argument: dtype, shape, strides and pointer alignment.
+
+    Triton specialises a pointer argument on its element type and on whether its address is a
+    multiple of 16; that is all the JIT reads (``dtype`` and ``data_ptr()``). ``shape`` and
+    ``stride()`` mirror ``torch.Tensor`` so argument lists can be written like real launches.
+
+    Args:
+        dtype: a ``triton.language`` dtype (``tl.float16``), its name (``"fp16"``, ``"float16"``,
+            ``"bf16"``, ``"i32"``) or a ``torch.dtype``.
+        shape: the sizes.
+        strides: the strides in elements; row-major contiguous by default.
+        aligned: whether the data pointer is 16-byte aligned (what ``torch`` allocations are).
+    """
+
+    def __init__(self, dtype: Any, shape: Sequence[int], strides: Sequence[int] | None = None,
+                 *, aligned: bool = True) -> None:
+        self.dtype = _triton_dtype(dtype)
+        self.shape = tuple(int(s) for s in shape)
+        if strides is None:
+            contiguous = [1] * len(self.shape)
+            for i in range(len(self.shape) - 2, -1, -1):
+                contiguous[i] = contiguous[i + 1] * self.shape[i + 1]
+            strides = contiguous
+        if len(strides) != len(self.shape):
+            raise ValueError(f"{len(strides)} strides given for a {len(self.shape)}-d shape")
+        self.strides = tuple(int(s) for s in strides)
+        self.aligned = aligned
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    def stride(self, dim: int | None = None) -> Any:
+        """Return all strides, or the stride of ``dim`` (as ``torch.Tensor.stride``)."""
+        return self.strides if dim is None else self.strides[dim]
+
+    def size(self, dim: int | None = None) -> Any:
+        """Return the shape, or the size of ``dim`` (as ``torch.Tensor.size``)."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def element_size(self) -> int:
+        """Return the size of one element in bytes (at least 1)."""
+        return max(1, int(self.dtype.primitive_bitwidth) // 8)
+
+    def numel(self) -> int:
+        """Return the number of elements."""
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    def data_ptr(self) -> int:
+        """Return a fake address: 0 when aligned, else one element past it (never 16-aligned)."""
+        return 0 if self.aligned else self.element_size()
+
+    def __repr__(self) -> str:
+        extra = "" if self.aligned else ", aligned=False"
+        return f"TensorSpec({str(self.dtype)!r}, {self.shape}, {self.strides}{extra})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """The arguments of one launch to warm a kernel for (no grid)."""
+
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def launch(*args: Any, **kwargs: Any) -> Launch:
+    """Return a :class:`Launch` of these arguments, written as the kernel call would be."""
+    return Launch(args, kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigResult:
+    """The outcome of warming one config of one kernel for one launch.
+
+    Attributes:
+        kernel: the kernel's name.
+        config: the config's meta-parameters and options, e.g. ``"BLOCK=64, num_warps=4"``.
+        status: ``"ok"`` (compiled now), ``"cached"`` (nothing to do), ``"failed"`` or
+            ``"timed out"``.
+        compile_time_s: seconds the worker spent compiling (0 unless ``"ok"``).
+        error: the exception, for ``"failed"`` and ``"timed out"``.
+        classification: :func:`classify`'s verdict on ``error``.
+        worker_pid: the process that compiled, for ``"ok"``.
+        job: the compile job, where one was created.
+    """
+
+    kernel: str
+    config: str
+    status: Status
+    compile_time_s: float = 0.0
+    error: BaseException | None = None
+    classification: Classification | None = None
+    worker_pid: int | None = None
+    job: CompileJob | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmReport:
+    """What :func:`warm` did.
+
+    Attributes:
+        target: the target compiled for, ``"cuda:90:32"``.
+        results: one entry per kernel, launch and config, in submission order.
+        wall_time_s: seconds from the first submission to the last result.
+    """
+
+    target: str
+    results: tuple[ConfigResult, ...]
+    wall_time_s: float
+
+    def count(self, status: Status) -> int:
+        """Return how many configs ended with ``status``."""
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def compile_time_s(self) -> float:
+        """The sum of the workers' compile times: what compiling one after another would cost."""
+        return sum(r.compile_time_s for r in self.results)
+
+    @property
+    def speedup(self) -> float:
+        """Sum of compile times over wall time (0 when nothing was compiled)."""
+        return self.compile_time_s / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def unexpected_failures(self) -> tuple[ConfigResult, ...]:
+        """Failures classified ``"raise"``: not a known resource or ``ptxas`` limit."""
+        return tuple(r for r in self.results if r.error is not None and r.classification == "raise")
+
+
+KernelSpecs = Mapping[Any, Iterable[Launch | Sequence[Any]]]
+"""Kernel (autotuned, heuristics-wrapped or plain ``@triton.jit``) to the launches to warm."""
+
+
+def configs_of(kernel: Any) -> list[Any]:
+    """Return the autotune configs of ``kernel``, or ``[None]`` for a kernel without them."""
+    return list(kernel.configs) if isinstance(kernel, Autotuner) else [None]
+
+
+def count_configs(specs: KernelSpecs) -> int:
+    """Return how many compiles :func:`warm` will consider for ``specs``."""
+    return sum(len(configs_of(k)) * len(list(launches)) for k, launches in specs.items())
+
+
+def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = None,
+         force: bool = False,
+         on_result: Callable[[ConfigResult], None] | None = None) -> WarmReport:
+    """Compile every config of every kernel in ``specs`` in parallel, into this process's cache.
+
+    Args:
+        specs: kernel to launches; a launch is a :class:`Launch` or a tuple of positional
+            arguments, with :class:`TensorSpec` for tensors.
+        target: ``"cuda:90"``-style string or ``GPUTarget``; ``None`` means the current GPU.
+        executor: where to compile; a shared ``PrecompileExecutor`` by default. Per-config
+            timeouts are the executor's (``PrecompileExecutor(timeout=...)``).
+        force: compile even the configs this process's cache already has.
+        on_result: called in this thread with each :class:`ConfigResult` as it is known.
+
+    Returns:
+        A :class:`WarmReport`; failures are reported there, not raised.
+    """
+    adapter = TritonCompileExecutor(executor if executor is not None else default_executor(),
+                                    force=force)
+    explicit = parse_target(target) if target is not None else None
+    emit = on_result or (lambda result: None)
+    done: list[tuple[int, ConfigResult]] = []
+    waiting: list[tuple[int, str, str, CompileJob]] = []
+    start = time.perf_counter()
+    with AsyncCompileMode(adapter, ignore_errors=True), ExitStack() as stack:
+        try:
+            with ExitStack() as swap:
+                if explicit is not None:
+                    stand_in = swap.enter_context(compile_only_driver(explicit))
+                    swap.callback(_forget, specs, stand_in.device)
+                    target_name = format_target(explicit)
+                else:
+                    target_name = format_target(driver.active.get_current_target())
+                _submit_all(specs, adapter, done, waiting, emit)
+        except BaseException:
+            adapter.shutdown(wait=False, cancel_futures=True)
+            raise
+        stack.callback(adapter.shutdown, wait=False, cancel_futures=True)  # on Ctrl-C while waiting
+        by_future: dict[Future[Any], tuple[int, str, str, CompileJob]] = {
+            entry[3].future: entry for entry in waiting
+        }
+        for future in as_completed(by_future):
+            index, name, config, job = by_future[future]
+            result = _result_of(name, config, job)
+            done.append((index, result))
+            emit(result)
+    wall_time_s = time.perf_counter() - start
+    results = tuple(result for _, result in sorted(done, key=lambda pair: pair[0]))
+    return WarmReport(target=target_name, results=results, wall_time_s=wall_time_s)
+
+
+def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
+                done: list[tuple[int, ConfigResult]],
+                waiting: list[tuple[int, str, str, CompileJob]],
+                emit: Callable[[ConfigResult], None]) -> None:
+    index = 0
+    for kernel, launches in specs.items():
+        name = unwrap_jit_function(kernel).__name__
+        # Autotuner launches ``self.fn.run(*args, **kwargs, **config.all_kwargs())``; its ``fn``
+        # may be a Heuristics wrapper, which then adds its own keyword arguments.
+        entry = kernel.fn if isinstance(kernel, Autotuner) else kernel
+        for one in launches:
+            args, kwargs = (one.args, dict(one.kwargs)) if isinstance(one, Launch) else (
+                tuple(one), {})
+            for config in configs_of(kernel):
+                index += 1
+                meta = dict(config.all_kwargs()) if config is not None else {}
+                label = _describe(meta)
+                before = len(adapter.jobs)
+                try:
+                    entry.warmup(*args, grid=WARMUP_GRID, **kwargs, **meta)
+                except Exception as exc:  # a bad argument, an unsendable kernel, …
+                    result = ConfigResult(name, label, "failed", error=exc,
+                                          classification=classify(exc))
+                    done.append((index, result))
+                    emit(result)
+                    continue
+                jobs = adapter.jobs[before:]
+                if jobs:
+                    waiting.append((index, name, label, jobs[0]))
+                else:  # already in the JIT's memory, or the same compile as an earlier config
+                    result = ConfigResult(name, label, "cached")
+                    done.append((index, result))
+                    emit(result)
+
+
+def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
+    if job.future.cancelled():
+        return ConfigResult(name, config, "failed", job=job,
+                            error=RuntimeError("cancelled"), classification="raise")
+    exc = job.future.exception()
+    if exc is not None:
+        verdict = getattr(exc, "classification", None)
+        if verdict not in ("raise", "warn", "debug"):
+            verdict = classify(exc)
+        status: Status = "timed out" if isinstance(exc, TimeoutError) else "failed"
+        return ConfigResult(name, config, status, error=exc, classification=verdict, job=job)
+    if job.cached or job.artifacts is None:
+        return ConfigResult(name, config, "cached", job=job)
+    return ConfigResult(name, config, "ok", compile_time_s=job.artifacts.compile_time_s,
+                        worker_pid=job.artifacts.worker_pid, job=job)
+
+
+def _describe(meta: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in meta.items())
+
+
+def _forget(specs: KernelSpecs, device: str) -> None:
+    for kernel in specs:
+        forget_device(unwrap_jit_function(kernel), device)
+
+
+_INT_ALIAS = re.compile(r"([iu])(\d+)")
+
+
+def _triton_dtype(dtype: Any) -> Any:
+    if isinstance(dtype, tl.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name == "bool":
+        return tl.int1
+    if match := _INT_ALIAS.fullmatch(name):
+        name = ("int" if match.group(1) == "i" else "uint") + match.group(2)
+    found = getattr(tl, name, None)
+    if isinstance(found, tl.dtype):
+        return found
+    try:
+        return tl.dtype(name)
+    except Exception:
+        raise ValueError(
+            f"unknown dtype {dtype!r}: use a triton.language dtype (tl.float16), a name such as "
+            "'fp16', 'bf16', 'float32', 'i32', or a torch dtype"
+        ) from None
