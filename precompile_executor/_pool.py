@@ -84,6 +84,7 @@ class Worker:
         self.serve_future: Future[Any] | None = None
         self.exit_code: int | None = None
         self.start_error: BaseException | None = None
+        self.killing = False
 
     def __repr__(self) -> str:
         return f"<Worker {self.kind} #{self.id} pid={self.pid} {self.state}>"
@@ -238,8 +239,9 @@ class Hub:
             with self.lock:
                 self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
             thread.start()
-        with contextlib.suppress(OSError):
-            os.unlink(worker.capture_path)
+        if not worker.killing:  # the timeout kill still has to read it (and removes it)
+            with contextlib.suppress(OSError):
+                os.unlink(worker.capture_path)
 
     def stop(self, worker: Worker, *, kill: bool = False) -> _Core | None:
         """Stop a worker: ask its serve loop to return, or kill its process group.
@@ -473,6 +475,7 @@ class Hub:
                 if worker.state == "busy" and task is not None and task.deadline is not None:
                     if not task.claimed and now >= task.deadline:
                         task.claimed = True
+                        worker.killing = True
                         expired.append((worker, task))
                 elif worker.state == "idle" and worker.idle_timeout_s is not None:
                     if now >= worker.idle_since + worker.idle_timeout_s:
@@ -500,6 +503,8 @@ class Hub:
         elapsed = at - (task.started_at or at)
         _process.kill_group(worker.pid)
         output = read_capture_file(worker.capture_path)
+        with contextlib.suppress(OSError):
+            os.unlink(worker.capture_path)
         task.owner.on_task_timeout(task, worker, elapsed, output)
         # The monitor sees the socket close and retires the worker (see _eof).
 

@@ -47,6 +47,10 @@ class OutputCapture:
                 stream.flush()
         os.dup2(self.fd, 1)
         os.dup2(self.fd, 2)
+        # Python-level writes go to fd 1 and 2 too, even where the parent had replaced
+        # sys.stdout (pytest's capture, a notebook's stream) before a fork.
+        sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
         # A segfault or abort writes the Python stack into the capture file, next to the output.
         faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]
 

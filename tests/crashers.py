@@ -1,0 +1,90 @@
+"""Tasks that misbehave on purpose, shared by the fault tests (importable by workers)."""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def square(x: int, delay: float = 0.0) -> int:
+    time.sleep(delay)
+    return x * x
+
+
+def segfault() -> None:
+    faulthandler._sigsegv()
+
+
+def abort() -> None:
+    os.abort()
+
+
+def exit_3() -> None:
+    os._exit(3)
+
+
+def self_sigkill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def python_loop() -> None:
+    while True:
+        pass
+
+
+def c_hang_holding_gil() -> None:
+    # PyDLL keeps the GIL held during the call: no Python-level timer can fire in this process.
+    ctypes.PyDLL(None).sleep(1000)
+
+
+def hang_with_grandchild(pid_file: str) -> None:
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    child.wait()
+
+
+class NeedsTwoArgs(Exception):
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def raise_two_args() -> None:
+    raise NeedsTwoArgs(7, "needs two arguments")
+
+
+def raise_with_lock() -> None:
+    exc = ValueError("holds a lock")
+    exc.lock = threading.Lock()  # type: ignore[attr-defined]
+    raise exc
+
+
+def raise_local_class() -> None:
+    class OnlyInWorker(Exception):
+        pass
+
+    raise OnlyInWorker("defined inside the task")
+
+
+def unpicklable_result() -> object:
+    return threading.Lock()
+
+
+def write_fd2_then_raise() -> None:
+    os.write(2, b"ptxas fatal: written at fd level\n")
+    sys.stdout.write("python-level stdout\n")
+    raise RuntimeError("compile failed after writing")
+
+
+def print_and_return(text: str) -> str:
+    print(text)
+    os.write(2, b"fd2 line\n")
+    return text.upper()

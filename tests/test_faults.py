@@ -1,0 +1,232 @@
+"""One bad task fails alone: the fault table, run beside innocent tasks on both paths."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import crashers
+import psutil
+import pytest
+
+from precompile_executor import (
+    PrecompileExecutor,
+    RemoteError,
+    ResultSerializationError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+HANG_TIMEOUT_S = 2.0
+
+
+def _check_crash(signal_name: str | None, exitcode: int) -> Callable[[BaseException], None]:
+    def check(exc: BaseException) -> None:
+        assert isinstance(exc, WorkerCrashedError)
+        assert isinstance(exc, RemoteError)
+        assert exc.exitcode == exitcode
+        assert exc.signal_name == signal_name
+        assert exc.worker_pid > 0
+
+    return check
+
+
+def _check_segfault(exc: BaseException) -> None:
+    _check_crash("SIGSEGV", -11)(exc)
+    assert isinstance(exc, WorkerCrashedError)
+    assert "Segmentation fault" in exc.captured_output  # the faulthandler dump
+
+
+def _check_timeout(exc: BaseException) -> None:
+    assert isinstance(exc, TaskTimeoutError)
+    assert isinstance(exc, TimeoutError)
+    assert exc.timeout_s == HANG_TIMEOUT_S
+    assert HANG_TIMEOUT_S <= exc.elapsed_s < HANG_TIMEOUT_S + 5
+    assert exc.worker_pid > 0
+
+
+def _check_two_args(exc: BaseException) -> None:
+    assert isinstance(exc, crashers.NeedsTwoArgs)
+    assert isinstance(exc, RemoteError)
+    assert str(exc) == "code 7: needs two arguments"
+    assert exc.exc_type == "NeedsTwoArgs"
+    assert exc.exc_module == "crashers"
+    assert "raise_two_args" in exc.remote_traceback
+
+
+def _check_lock(exc: BaseException) -> None:
+    assert isinstance(exc, ValueError)
+    assert isinstance(exc, RemoteError)
+    assert str(exc) == "holds a lock"
+
+
+def _check_local(exc: BaseException) -> None:
+    assert isinstance(exc, RemoteError)
+    assert type(exc).__name__ == "OnlyInWorker"
+    assert exc.exc_type == "OnlyInWorker"
+    assert str(exc) == "defined inside the task"
+
+
+def _check_result(exc: BaseException) -> None:
+    assert isinstance(exc, ResultSerializationError)
+    assert isinstance(exc, TypeError)
+    assert "could not be pickled" in str(exc)
+
+
+def _check_fd2(exc: BaseException) -> None:
+    assert isinstance(exc, RuntimeError)
+    assert isinstance(exc, RemoteError)
+    assert "ptxas fatal: written at fd level" in exc.captured_output
+    assert "python-level stdout" in exc.captured_output
+
+
+FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], bool]] = [
+    # (name, task, check of the error, needs the timeout)
+    ("segfault", crashers.segfault, _check_segfault, False),
+    ("abort", crashers.abort, _check_crash("SIGABRT", -6), False),
+    ("os._exit(3)", crashers.exit_3, _check_crash(None, 3), False),
+    ("self-SIGKILL", crashers.self_sigkill, _check_crash("SIGKILL", -9), False),
+    ("python loop", crashers.python_loop, _check_timeout, True),
+    ("C hang holding the GIL", crashers.c_hang_holding_gil, _check_timeout, True),
+    ("hang with a grandchild", crashers.hang_with_grandchild, _check_timeout, True),
+    ("exception needing two args", crashers.raise_two_args, _check_two_args, False),
+    ("exception holding a lock", crashers.raise_with_lock, _check_lock, False),
+    ("exception class inside the task", crashers.raise_local_class, _check_local, False),
+    ("unpicklable result", crashers.unpicklable_result, _check_result, False),
+    ("fd 2 write then raise", crashers.write_fd2_then_raise, _check_fd2, False),
+]
+
+
+@pytest.mark.parametrize("path", ["spawn", "fork"])
+@pytest.mark.parametrize(("name", "task", "check", "needs_timeout"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_fails_alone(
+    path: str,
+    name: str,
+    task: Callable[..., Any],
+    check: Callable[[BaseException], None],
+    needs_timeout: bool,
+    tmp_path: Path,
+) -> None:
+    with PrecompileExecutor(2, path=path) as executor:  # type: ignore[arg-type]
+        before = [executor.submit(crashers.square, i, 0.3) for i in range(3)]
+        bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
+        args: tuple[Any, ...] = ()
+        pid_file = tmp_path / "grandchild.pid"
+        if task is crashers.hang_with_grandchild:
+            args = (str(pid_file),)
+        bad = bad_executor.submit(task, *args)
+        after = [executor.submit(crashers.square, i, 0.1) for i in range(3, 8)]
+
+        error = bad.exception(timeout=60)
+        assert error is not None, f"{name} should have failed"
+        check(error)
+        assert [f.result(timeout=60) for f in before + after] == [i * i for i in range(8)]
+        assert executor.submit(crashers.square, 9).result(timeout=60) == 81
+
+        stats = executor.statistics()
+        assert stats.failed == 1
+        assert stats.completed == 9
+        if path == "fork":
+            assert stats.fork_tasks == 10
+    if task is crashers.hang_with_grandchild:
+        grandchild = int(pid_file.read_text())
+        _assert_gone(grandchild)
+
+
+def _assert_gone(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} is still running")
+
+
+@pytest.mark.timeout(60)
+def test_crash_does_not_touch_running_neighbour() -> None:
+    """A neighbour's crash neither fails nor re-runs a task running on another worker."""
+    with PrecompileExecutor(2) as executor:
+        executor.warm_up(timeout=60)
+        slow = executor.submit(lambda: (time.sleep(1.5), os.getpid())[1])
+        time.sleep(0.3)
+        crash = executor.submit(crashers.self_sigkill)
+        assert isinstance(crash.exception(timeout=30), WorkerCrashedError)
+        slow_pid = slow.result(timeout=30)
+        stats = executor.statistics()
+        assert stats.crashed == 1
+        assert stats.completed == 1
+        assert stats.worker_restarts == 1
+        assert slow_pid != crash.exception().worker_pid  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_pool_replaces_dead_worker_without_user_action() -> None:
+    with PrecompileExecutor(1) as executor:
+        first = executor.warm_up(timeout=60)
+        assert isinstance(executor.submit(crashers.exit_3).exception(timeout=30), WorkerCrashedError)
+        pid = executor.submit(os.getpid).result(timeout=60)
+        assert pid not in first
+        assert executor.statistics().worker_restarts == 1
+
+
+@pytest.mark.timeout(60)
+def test_timeout_clock_starts_when_the_task_starts() -> None:
+    """A task queued behind a busy worker is not charged for its wait."""
+    with PrecompileExecutor(1, timeout=1.5) as executor:
+        executor.warm_up(timeout=60)
+        first = executor.submit(time.sleep, 1.0)
+        second = executor.submit(time.sleep, 1.0)  # waits ~1 s, then runs 1 s < 1.5 s
+        assert first.result(timeout=30) is None
+        assert second.result(timeout=30) is None
+
+
+@pytest.mark.timeout(60)
+def test_timeout_override_per_call_and_kwargs_reach_fn() -> None:
+    def takes_timeout(*, timeout: float) -> float:
+        return timeout  # a kwarg named like the option still reaches fn
+
+    with PrecompileExecutor(1, timeout=30.0) as executor:
+        assert executor.submit(takes_timeout, timeout=123.0).result(timeout=30) == 123.0
+        short = executor.options(timeout=0.5).submit(time.sleep, 10)
+        error = short.exception(timeout=30)
+        assert isinstance(error, TaskTimeoutError)
+        assert error.timeout_s == 0.5
+        assert executor.submit(time.sleep, 1.0).result(timeout=30) is None  # default: 30 s
+
+
+@pytest.mark.timeout(60)
+def test_timeout_carries_output_so_far() -> None:
+    def chatty_hang() -> None:
+        print("started compiling", flush=True)
+        os.write(2, b"ptxas: working\n")
+        time.sleep(100)
+
+    with PrecompileExecutor(1) as executor:
+        error = executor.options(timeout=1.0).submit(chatty_hang).exception(timeout=30)
+        assert isinstance(error, TaskTimeoutError)
+        assert "started compiling" in error.captured_output
+        assert "ptxas: working" in error.captured_output
+
+
+@pytest.mark.timeout(60)
+def test_remote_error_survives_pickling_and_shows_traceback() -> None:
+    import traceback
+
+    with PrecompileExecutor(1) as executor:
+        error = executor.submit(crashers.raise_two_args).exception(timeout=30)
+    assert error is not None
+    text = "".join(traceback.format_exception(error))
+    assert "raise_two_args" in text  # the remote traceback, via __cause__
+    assert "NeedsTwoArgs: code 7: needs two arguments" in text
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, crashers.NeedsTwoArgs)
+    assert str(again) == str(error)
