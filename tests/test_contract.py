@@ -1,0 +1,304 @@
+"""The concurrent.futures contract, the honest queue, reuse of warm workers, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import os
+import threading
+import time
+
+import crashers
+import pytest
+
+from precompile_executor import (
+    ExecutorStatistics,
+    PrecompileExecutor,
+    SerializationError,
+    WorkerStartError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_is_an_executor_and_returns_stdlib_futures() -> None:
+    with PrecompileExecutor(1) as executor:
+        assert isinstance(executor, cf.Executor)
+        future = executor.submit(crashers.square, 6)
+        assert type(future) is cf.Future
+        assert future.result(timeout=30) == 36
+
+
+def test_lambdas_closures_and_main_style_functions() -> None:
+    offset = 10
+
+    def closure(x: int) -> int:
+        return x + offset
+
+    with PrecompileExecutor(2) as executor:
+        assert executor.submit(lambda x: x * 3, 4).result(timeout=30) == 12
+        assert executor.submit(closure, 5).result(timeout=30) == 15
+        assert executor.submit(crashers.square, x=3).result(timeout=30) == 9
+        # Runs in another process.
+        assert executor.submit(os.getpid).result(timeout=30) != os.getpid()
+
+
+def test_map_order_several_iterables_and_chunksize() -> None:
+    with PrecompileExecutor(2) as executor:
+        for chunksize in (1, 3, 7):
+            got = list(executor.map(lambda a, b: a * 10 + b, range(10), range(20, 30), chunksize=chunksize))
+            assert got == [a * 10 + b for a, b in zip(range(10), range(20, 30))]
+        # stops at the shortest iterable, like zip
+        assert list(executor.map(pow, [2, 3, 4], [2, 2])) == [4, 9]
+
+
+def test_map_raises_a_task_exception_at_its_position() -> None:
+    def invert(x: int) -> float:
+        return 1 / x
+
+    with PrecompileExecutor(2) as executor:
+        for chunksize in (1, 2):
+            results = executor.map(invert, [1, 2, 0, 4], chunksize=chunksize)
+            assert next(results) == 1.0
+            assert next(results) == 0.5
+            with pytest.raises(ZeroDivisionError):
+                next(results)
+
+
+def test_map_timeout_counts_from_the_call() -> None:
+    with PrecompileExecutor(2) as executor:
+        executor.warm_up(timeout=30)
+        start = time.monotonic()
+        results = executor.map(time.sleep, [0.0, 3.0, 3.0], timeout=1.0)
+        assert next(results) is None
+        with pytest.raises(TimeoutError):
+            next(results)
+        assert time.monotonic() - start < 2.5
+        with pytest.raises(ValueError, match="chunksize"):
+            executor.map(abs, [1], chunksize=0)
+
+
+def test_map_is_lazy_about_results_but_submits_at_once() -> None:
+    with PrecompileExecutor(2) as executor:
+        results = executor.map(crashers.square, range(4))
+        time.sleep(0.1)
+        assert executor.statistics().queued + executor.statistics().running + executor.statistics().completed == 4
+        assert list(results) == [0, 1, 4, 9]
+
+
+def test_as_completed_and_wait() -> None:
+    with PrecompileExecutor(2) as executor:
+        futures = [executor.submit(crashers.square, i, 0.05 * (5 - i)) for i in range(5)]
+        assert sorted(f.result() for f in cf.as_completed(futures, timeout=30)) == [0, 1, 4, 9, 16]
+        done, not_done = cf.wait(futures, timeout=30)
+        assert len(done) == 5 and not not_done
+
+
+def test_asyncio_run_in_executor_and_wrap_future() -> None:
+    async def main(executor: PrecompileExecutor) -> list[int]:
+        loop = asyncio.get_running_loop()
+        a = loop.run_in_executor(executor, crashers.square, 7)
+        b = asyncio.wrap_future(executor.submit(crashers.square, 8))
+        return list(await asyncio.wait_for(asyncio.gather(a, b), timeout=30))
+
+    with PrecompileExecutor(2) as executor:
+        assert asyncio.run(main(executor)) == [49, 64]
+
+
+def test_queued_futures_stay_pending_and_cancellable() -> None:
+    with PrecompileExecutor(1) as executor:
+        executor.warm_up(timeout=30)
+        busy = executor.submit(time.sleep, 1.0)
+        queued = [executor.submit(crashers.square, i) for i in range(3)]
+        time.sleep(0.3)
+        assert busy.running()
+        assert all(not f.running() and not f.done() for f in queued)
+        stats = executor.statistics()
+        assert (stats.running, stats.queued) == (1, 3)
+        assert queued[1].cancel()
+        assert not busy.cancel()  # running: too late
+        assert queued[0].result(timeout=30) == 0
+        assert queued[2].result(timeout=30) == 4
+        assert queued[1].cancelled()
+        assert executor.statistics().cancelled == 1
+
+
+def test_shutdown_cancel_futures_cancels_exactly_the_unstarted() -> None:
+    executor = PrecompileExecutor(1)
+    executor.warm_up(timeout=30)
+    running = executor.submit(time.sleep, 0.5)
+    time.sleep(0.2)
+    queued = [executor.submit(crashers.square, i) for i in range(4)]
+    executor.shutdown(wait=True, cancel_futures=True)
+    assert running.result(timeout=1) is None
+    assert all(f.cancelled() for f in queued)
+    assert executor.statistics().cancelled == 4
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.submit(crashers.square, 1)
+
+
+def test_shutdown_without_wait_still_runs_queued_tasks() -> None:
+    executor = PrecompileExecutor(1)
+    futures = [executor.submit(crashers.square, i, 0.1) for i in range(3)]
+    executor.shutdown(wait=False)
+    assert [f.result(timeout=30) for f in futures] == [0, 1, 4]
+
+
+def test_second_executor_reuses_the_same_worker_processes() -> None:
+    with PrecompileExecutor(2) as first:
+        pids = set(first.warm_up(timeout=60))
+        assert pids == set(f.result(timeout=30) for f in [first.submit(os.getpid) for _ in range(2)]) | pids
+    start = time.monotonic()
+    with PrecompileExecutor(2) as second:
+        got = second.submit(os.getpid).result(timeout=30)
+        first_result_s = time.monotonic() - start
+        assert got in pids
+        assert set(second.warm_up(timeout=30)) == pids
+    assert first_result_s < 1.0  # no interpreter start (that alone is > 1 s with torch)
+
+
+def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: "os.PathLike[str]") -> None:
+    marker = os.path.join(str(tmp_path), "inits")
+
+    def init(path: str) -> None:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        os.environ["PRECOMPILE_TEST_INIT"] = "yes"
+
+    with PrecompileExecutor(2, initializer=init, initargs=(marker,)) as executor:
+        pids = executor.warm_up(timeout=60)
+        assert executor.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) == "yes"
+    with open(marker) as f:
+        assert sorted(int(line) for line in f) == sorted(pids)
+    with PrecompileExecutor(2) as plain:  # another initializer: other workers
+        assert plain.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) is None
+    from precompile_executor import stop_idle_workers
+
+    assert stop_idle_workers() >= 2
+
+
+def test_initializer_failure_fails_tasks_with_a_clear_error() -> None:
+    def bad_init() -> None:
+        raise ImportError("no module named 'triton_nightly'")
+
+    executor = PrecompileExecutor(1, initializer=bad_init)
+    with pytest.raises(WorkerStartError, match="triton_nightly"):
+        executor.warm_up(timeout=60)
+    future = executor.submit(crashers.square, 2)
+    error = future.exception(timeout=60)
+    assert isinstance(error, WorkerStartError)
+    assert "triton_nightly" in str(error)
+    executor.shutdown()
+
+
+def test_statistics_is_an_immutable_snapshot() -> None:
+    with PrecompileExecutor(2) as executor:
+        executor.submit(crashers.square, 2).result(timeout=30)
+        stats = executor.statistics()
+    assert isinstance(stats, ExecutorStatistics)
+    assert stats.completed == 1 and stats.failed == 0 and stats.spawn_tasks == 1
+    with pytest.raises(AttributeError):
+        stats.completed = 5  # type: ignore[misc]
+
+
+def test_idle_timeout_stops_idle_workers() -> None:
+    with PrecompileExecutor(1, idle_timeout=0.5) as executor:
+        pid = executor.submit(os.getpid).result(timeout=30)
+        deadline = time.monotonic() + 10
+        import psutil
+
+        while psutil.pid_exists(pid) and time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        assert time.monotonic() < deadline, "idle worker outlived its idle_timeout"
+        assert executor.submit(os.getpid).result(timeout=30) != pid  # a new one starts on demand
+
+
+def test_priority_orders_queued_tasks() -> None:
+    order: list[int] = []
+    with PrecompileExecutor(1) as executor:
+        executor.warm_up(timeout=30)
+        blocker = executor.submit(time.sleep, 0.5)
+        futures = [executor.options(priority=p).submit(crashers.square, p) for p in (1, 5, 3)]
+        for f in cf.as_completed(futures, timeout=30):
+            order.append(f.result())
+        blocker.result(timeout=30)
+    assert order == [25, 9, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_workers": 0}, ValueError, "max_workers must be >= 1"),
+        ({"max_workers": -3}, ValueError, "max_workers"),
+        ({"max_workers": 2.5}, TypeError, "max_workers must be an int"),
+        ({"max_workers": True}, TypeError, "max_workers"),
+        ({"timeout": 0}, ValueError, "timeout must be > 0"),
+        ({"timeout": "5"}, TypeError, "timeout must be a number"),
+        ({"path": "thread"}, ValueError, "path must be one of"),
+        ({"initializer": 3}, TypeError, "initializer must be callable"),
+        ({"initargs": [1]}, TypeError, "initargs must be a tuple"),
+        ({"idle_timeout": -1}, ValueError, "idle_timeout"),
+        ({"classify": "warn"}, TypeError, "classify must be callable"),
+    ],
+)
+def test_bad_settings_fail_at_construction(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        PrecompileExecutor(**kwargs)
+
+
+def test_bad_submit_input() -> None:
+    with PrecompileExecutor(1) as executor:
+        with pytest.raises(TypeError, match="fn must be callable"):
+            executor.submit(42)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="path"):
+            executor.options(path="nope")  # type: ignore[arg-type]
+        lock = threading.Lock()
+        future = executor.submit(lambda l: 1, lock)
+        error = future.exception(timeout=30)
+        assert isinstance(error, SerializationError)
+        assert isinstance(error, TypeError)
+        assert "positional argument 0" in str(error) and "lock" in str(error)
+        assert "path='fork'" in str(error)
+        bad_fn = executor.submit(lambda: lock.locked())
+        assert "the callable" in str(bad_fn.exception(timeout=30))
+        # nothing else broke
+        assert executor.submit(crashers.square, 4).result(timeout=30) == 16
+        assert executor.statistics().failed == 2
+
+
+def test_with_output_returns_the_captured_output_of_a_success() -> None:
+    from precompile_executor import TaskResult
+
+    with PrecompileExecutor(1) as executor:
+        result = executor.options(with_output=True).submit(crashers.print_and_return, "hi").result(timeout=30)
+    assert isinstance(result, TaskResult)
+    assert result.value == "HI"
+    assert "hi\n" in result.output and "fd2 line" in result.output
+    assert result.worker_pid != os.getpid()
+
+
+def test_large_output_does_not_deadlock() -> None:
+    def flood() -> int:
+        chunk = b"x" * 65536
+        for _ in range(64):  # 4 MiB through fd 1
+            os.write(1, chunk)
+        return 1
+
+    with PrecompileExecutor(1) as executor:
+        result = executor.options(with_output=True).submit(flood).result(timeout=60)
+    assert result.value == 1
+    assert "earlier bytes cut" in result.output  # kept the last 1 MiB
+
+
+def test_import_does_not_import_torch_or_triton() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, precompile_executor; print('torch' in sys.modules, 'triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
