@@ -142,6 +142,7 @@ class _Progress:
     """A rich progress bar over a batch of futures."""
 
     def __init__(self, futures: Sequence[Future[Any]], description: str) -> None:
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -157,6 +158,7 @@ class _Progress:
             MofNCompleteColumn(),
             TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
+            console=Console(stderr=True),
             transient=False,
         )
         self._id = self._bar.add_task(description, total=len(futures), detail="")
