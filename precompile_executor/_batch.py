@@ -98,9 +98,9 @@ def wait_for_all(
                 raise TimeoutError(
                     f"{len(pending)} of {len(futures)} tasks unfinished after {timeout}s"
                 )
-            step = 0.1 if display is not None else left
-            if display is not None and left is not None:
-                step = min(step, left)
+            step = left
+            if display is not None:
+                step = 0.1 if left is None else min(0.1, left)
             done, pending = wait(pending, timeout=step, return_when=FIRST_COMPLETED)
             if display is not None:
                 display.update()

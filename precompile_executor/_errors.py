@@ -8,6 +8,7 @@ other arguments, not one holding a lock, not one whose class exists only in the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import sys
@@ -264,15 +265,13 @@ def _new_exception(cls: type[RemoteError], args: tuple[Any, ...]) -> RemoteError
     # Never call the original __init__ (it may need other arguments); the most derived builtin
     # base's __new__ gives a correctly laid-out instance.
     solid = next(b for b in cls.__mro__ if b.__module__ == "builtins" and b is not object)
-    new = solid.__new__  # type: ignore[attr-defined]
+    new: Any = solid.__new__
     try:
         obj = new(cls, *args)
     except Exception:
         obj = new(cls)
-    try:
+    with contextlib.suppress(Exception):
         obj.args = args
-    except Exception:
-        pass
     assert isinstance(obj, RemoteError)
     return obj
 

@@ -592,7 +592,7 @@ class PrecompileExecutor(Executor):
                     error.__cause__ = exc
                     with core.hub.lock:
                         if core.shutdown:
-                            raise RuntimeError("cannot schedule new futures after shutdown")
+                            raise RuntimeError("cannot schedule new futures after shutdown") from None
                         core.failed += 1
                     future.set_running_or_notify_cancel()
                     future.set_exception(error)
@@ -618,7 +618,7 @@ class PrecompileExecutor(Executor):
         core.act(actions)
         return future
 
-    def map(  # type: ignore[override]
+    def map(
         self,
         fn: Callable[..., T],
         *iterables: Iterable[Any],
@@ -644,7 +644,7 @@ class PrecompileExecutor(Executor):
         if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
         end = None if timeout is None else time.monotonic() + timeout
-        arg_tuples = zip(*iterables)
+        arg_tuples = zip(*iterables, strict=False)
         futures: list[Future[Any]] = []
         if chunksize == 1:
             futures = [self._submit(opts, [(fn, a, {})], chunked=False) for a in arg_tuples]
@@ -780,7 +780,7 @@ class PrecompileExecutor(Executor):
         with core.hub.lock:
             busy = [(w, w.task) for w in core.workers if w.state == "busy" and w.task is not None]
             for _, task in busy:
-                task.kill_reason = reason  # type: ignore[union-attr]
+                task.kill_reason = reason
         from ._process import kill_group
 
         threads = [
@@ -832,7 +832,7 @@ class PrecompileExecutor(Executor):
         self._kill_running(0.0, "killed because the caller was interrupted")
         self._wait_idle(timeout_s=30.0)
 
-    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> bool | None:
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             self.interrupt()
         self.shutdown(wait=True)

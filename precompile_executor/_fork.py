@@ -8,6 +8,7 @@ always reads, so a result of any size cannot deadlock on a pipe buffer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -53,10 +54,8 @@ def _child(
     try:
         become_group_leader()
         for fd in close_fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         _forbid_cuda()
         cap = OutputCapture(capture)
         cap.reset()

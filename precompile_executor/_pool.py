@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -182,6 +183,11 @@ class Hub:
                 return
             fut = executor.submit(serve, self.address, worker.token, worker.capture_path, init_blob)
         except BaseException as exc:  # noqa: BLE001 - report as a failed start
+            if self._closed or sys.is_finalizing() or "after shutdown" in str(exc):
+                log.debug("not starting a worker: the interpreter is exiting")
+                with self.lock:
+                    self._mark_dead(worker)
+                return
             self._start_failed(worker, exc)
             return
         self._register_exit_hook()
@@ -278,6 +284,8 @@ class Hub:
         worker = Worker("fork", b"", self.new_capture_path())
         worker.owner = owner
         self.guardian._ensure()  # so its pipe exists and the child can close it
+        assert task.calls is not None
+        assert task.calls is not None
         pid, conn = fork_task(
             task.id,
             task.calls,
@@ -323,7 +331,7 @@ class Hub:
                 elif obj == self._wake_r:
                     with contextlib.suppress(BlockingIOError, OSError):
                         os.read(self._wake_r, 4096)
-                else:
+                elif isinstance(obj, Connection):
                     self._readable(obj)
             self._check_timers()
 

@@ -54,7 +54,7 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, first)
     for proc in seed:
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
             if os.getpgid(proc.pid) != pgid:
                 proc.send_signal(first)
     deadline = time.monotonic() + grace_s

@@ -15,6 +15,7 @@ the parent chose, so the parent can read it even after the worker was killed.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import pickle
@@ -52,7 +53,7 @@ class OutputCapture:
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
         # A segfault or abort writes the Python stack into the capture file, next to the output.
-        faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]
+        faulthandler.enable(file=2, all_threads=True)
 
     def reset(self) -> None:
         """Empty the file: what follows belongs to the next task."""
@@ -62,10 +63,8 @@ class OutputCapture:
         """Return what the current task wrote, flushing Python's own buffers first."""
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     stream.flush()
-                except (OSError, ValueError):
-                    pass
         return read_capture_file(self.fd)
 
 
@@ -138,7 +137,9 @@ def with_output(outcomes: list[Outcome], output: str) -> list[Outcome]:
     return fixed
 
 
-def execute(blob: bytes, n_calls: int, want_output: bool, capture: OutputCapture) -> tuple:
+def execute(
+    blob: bytes, n_calls: int, want_output: bool, capture: OutputCapture
+) -> tuple[list[Outcome], str | None]:
     """Run one task message's calls with its output captured; return the ``done`` fields."""
     pid = os.getpid()
     capture.reset()
@@ -164,10 +165,8 @@ def become_group_leader() -> None:
         os.setsid()
     except OSError:
         pass  # already a group leader
-    try:
+    with contextlib.suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    except (OSError, ValueError):
-        pass
 
 
 def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -70,10 +71,8 @@ def no_leaked_processes() -> Iterator[None]:
             except psutil.Error:
                 details.append(str(proc.pid))
         for proc in strays:
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.kill()
-            except psutil.Error:
-                pass
         pytest.fail("processes leaked by this test:\n" + "\n".join(details))
 
 

@@ -57,9 +57,19 @@ def test_wait_for_all_logs_each_level_and_raises_on_raise(caplog: pytest.LogCapt
         assert futures[2].exception().classification == "warn"  # type: ignore[union-attr]
         assert futures[3].exception().classification == "raise"  # type: ignore[union-attr]
         # ignore_errors: everything is debug, nothing raises
-        assert wait_for_all(futures, ignore_errors=True, progress=False) == [True, False, False, False]
+        assert wait_for_all(futures, ignore_errors=True, progress=False) == [
+            True,
+            False,
+            False,
+            False,
+        ]
         # a classify override at wait time
-        assert wait_for_all(futures, classify=lambda e: "warn", progress=False) == [True, False, False, False]
+        assert wait_for_all(futures, classify=lambda e: "warn", progress=False) == [
+            True,
+            False,
+            False,
+            False,
+        ]
 
 
 def test_wait_for_all_with_progress_display(capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,7 +103,9 @@ def _script(body: str, tmp_path: Path) -> subprocess.Popen[str]:
     script.write_text(code)
     return subprocess.Popen(
         [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

@@ -46,8 +46,10 @@ def test_lambdas_closures_and_main_style_functions() -> None:
 def test_map_order_several_iterables_and_chunksize() -> None:
     with PrecompileExecutor(2) as executor:
         for chunksize in (1, 3, 7):
-            got = list(executor.map(lambda a, b: a * 10 + b, range(10), range(20, 30), chunksize=chunksize))
-            assert got == [a * 10 + b for a, b in zip(range(10), range(20, 30))]
+            got = list(
+                executor.map(lambda a, b: a * 10 + b, range(10), range(20, 30), chunksize=chunksize)
+            )
+            assert got == [a * 10 + b for a, b in zip(range(10), range(20, 30), strict=False)]
         # stops at the shortest iterable, like zip
         assert list(executor.map(pow, [2, 3, 4], [2, 2])) == [4, 9]
 
@@ -82,7 +84,12 @@ def test_map_is_lazy_about_results_but_submits_at_once() -> None:
     with PrecompileExecutor(2) as executor:
         results = executor.map(crashers.square, range(4))
         time.sleep(0.1)
-        assert executor.statistics().queued + executor.statistics().running + executor.statistics().completed == 4
+        assert (
+            executor.statistics().queued
+            + executor.statistics().running
+            + executor.statistics().completed
+            == 4
+        )
         assert list(results) == [0, 1, 4, 9]
 
 
@@ -147,7 +154,10 @@ def test_shutdown_without_wait_still_runs_queued_tasks() -> None:
 def test_second_executor_reuses_the_same_worker_processes() -> None:
     with PrecompileExecutor(2) as first:
         pids = set(first.warm_up(timeout=60))
-        assert pids == set(f.result(timeout=30) for f in [first.submit(os.getpid) for _ in range(2)]) | pids
+        assert (
+            pids
+            == set(f.result(timeout=30) for f in [first.submit(os.getpid) for _ in range(2)]) | pids
+        )
     start = time.monotonic()
     with PrecompileExecutor(2) as second:
         got = second.submit(os.getpid).result(timeout=30)
@@ -157,7 +167,7 @@ def test_second_executor_reuses_the_same_worker_processes() -> None:
     assert first_result_s < 1.0  # no interpreter start (that alone is > 1 s with torch)
 
 
-def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: "os.PathLike[str]") -> None:
+def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: os.PathLike[str]) -> None:
     marker = os.path.join(str(tmp_path), "inits")
 
     def init(path: str) -> None:
@@ -167,11 +177,16 @@ def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: "os.PathLi
 
     with PrecompileExecutor(2, initializer=init, initargs=(marker,)) as executor:
         pids = executor.warm_up(timeout=60)
-        assert executor.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) == "yes"
+        assert (
+            executor.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30)
+            == "yes"
+        )
     with open(marker) as f:
         assert sorted(int(line) for line in f) == sorted(pids)
     with PrecompileExecutor(2) as plain:  # another initializer: other workers
-        assert plain.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) is None
+        assert (
+            plain.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) is None
+        )
     from precompile_executor import stop_idle_workers
 
     assert stop_idle_workers() >= 2
@@ -275,7 +290,11 @@ def test_with_output_returns_the_captured_output_of_a_success() -> None:
     from precompile_executor import TaskResult
 
     with PrecompileExecutor(1) as executor:
-        result = executor.options(with_output=True).submit(crashers.print_and_return, "hi").result(timeout=30)
+        result = (
+            executor.options(with_output=True)
+            .submit(crashers.print_and_return, "hi")
+            .result(timeout=30)
+        )
     assert isinstance(result, TaskResult)
     assert result.value == "HI"
     assert "hi\n" in result.output and "fd2 line" in result.output

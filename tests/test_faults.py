@@ -104,7 +104,9 @@ FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], boo
 
 
 @pytest.mark.parametrize("path", ["spawn", "fork"])
-@pytest.mark.parametrize(("name", "task", "check", "needs_timeout"), FAULTS, ids=[f[0] for f in FAULTS])
+@pytest.mark.parametrize(
+    ("name", "task", "check", "needs_timeout"), FAULTS, ids=[f[0] for f in FAULTS]
+)
 def test_fault_fails_alone(
     path: str,
     name: str,
@@ -172,7 +174,9 @@ def test_crash_does_not_touch_running_neighbour() -> None:
 def test_pool_replaces_dead_worker_without_user_action() -> None:
     with PrecompileExecutor(1) as executor:
         first = executor.warm_up(timeout=60)
-        assert isinstance(executor.submit(crashers.exit_3).exception(timeout=30), WorkerCrashedError)
+        assert isinstance(
+            executor.submit(crashers.exit_3).exception(timeout=30), WorkerCrashedError
+        )
         pid = executor.submit(os.getpid).result(timeout=60)
         assert pid not in first
         assert executor.statistics().worker_restarts == 1

@@ -46,7 +46,10 @@ def test_closure_over_a_triton_kernel_runs_on_the_fork_path() -> None:
             import cloudpickle
 
             cloudpickle.dumps(add_one)  # why the fork path exists
-        assert executor.options(path="fork").submit(inspect_kernel).result(timeout=30) == "add_one:True"
+        assert (
+            executor.options(path="fork").submit(inspect_kernel).result(timeout=30)
+            == "add_one:True"
+        )
 
 
 def test_auto_falls_back_to_fork_only_when_serialization_fails() -> None:

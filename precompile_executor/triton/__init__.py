@@ -11,6 +11,8 @@ Importing this package imports Triton (``import precompile_executor`` does not).
   (:class:`TensorSpec`, :func:`launch`), in parallel, before the autotuner's first call.
 * :func:`classify` — the ``classify`` hook that knows Triton's expected failures.
 * :func:`parse_target` — ``"cuda:90"`` → ``GPUTarget``; no GPU is needed to compile for one.
+* :func:`compile_only_driver` — lets Triton's JIT (``kernel.warmup``) specialise and compile for an
+  explicit target on a machine without a GPU.
 
 Data flow (one compile)::
 
@@ -25,8 +27,9 @@ See ``docs/triton.md``.
 from ._async import TritonCompileExecutor, async_compile_executor
 from ._cache import expected_hash, install
 from ._classify import Classification, classify
+from ._driver import CompileOnlyDriver, compile_only_driver
 from ._errors import CacheKeyMismatchError, KernelTransferError, UnsupportedTritonError
-from ._kernel_ref import KernelRef, kernel_ref, load_kernel
+from ._kernel_ref import KernelRef, kernel_ref, load_kernel, unwrap_jit_function
 from ._messages import CompiledArtifacts, CompileRequest
 from ._submit import CompileJob, precompile
 from ._target import format_target, parse_target
@@ -47,6 +50,7 @@ __all__ = [
     "CacheKeyMismatchError",
     "Classification",
     "CompileJob",
+    "CompileOnlyDriver",
     "CompileRequest",
     "CompiledArtifacts",
     "ConfigResult",
@@ -60,6 +64,7 @@ __all__ = [
     "WarmReport",
     "async_compile_executor",
     "classify",
+    "compile_only_driver",
     "compile_request",
     "configs_of",
     "count_configs",
@@ -71,5 +76,6 @@ __all__ = [
     "load_kernel",
     "parse_target",
     "precompile",
+    "unwrap_jit_function",
     "warm",
 ]

@@ -284,59 +284,113 @@ def _encode_value(name: str, value: Any, active: set[int]) -> Any:
 
 
 _loaded: dict[tuple[str, str, str], tuple[Any, LoadedBy]] = {}
+"""Kernels this process has loaded, by (module, qualname, the caller's cache_key)."""
+_verified: set[tuple[str, str, str]] = set()
+"""The subset of ``_loaded`` whose own ``cache_key`` has been checked against the caller's."""
 _loaded_lock = threading.RLock()
 
 
 def load_kernel(ref: KernelRef) -> tuple[Any, LoadedBy]:
     """Return the ``JITFunction`` that ``ref`` describes, and how it was obtained (worker side).
 
+    The reference is tried first, then the source. Either is kept only if the kernel's
+    ``cache_key`` equals the caller's: then its source and everything it depends on are the
+    caller's, and it compiles into the cache entry the caller will look up.
+
     Raises:
-        KernelTransferError: neither the reference nor the source gives a kernel whose
-            ``cache_key`` equals the caller's.
+        KernelTransferError: neither way gives a kernel whose ``cache_key`` equals the caller's.
+    """
+    key = (ref.module, ref.qualname, ref.cache_key)
+    with _loaded_lock:
+        if key in _verified:
+            return _loaded[key]
+        reasons: list[str] = []
+        if key in _loaded:  # loaded earlier as another kernel's dependency, not yet checked
+            candidates = [_loaded[key]]
+        else:
+            candidates = []
+            imported = _import(ref, reasons)
+            if imported is not None:
+                candidates.append((imported, "reference"))
+        for fn, how in candidates:
+            if _has_cache_key(fn, ref.cache_key):
+                return _remember(key, fn, how)
+            reasons.append(f"the {how} copy differs from the caller's (edited since?)")
+        if ref.source is not None and not any(how == "source" for _, how in candidates):
+            fn = _rebuild(ref, ref.source)
+            if _has_cache_key(fn, ref.cache_key):
+                return _remember(key, fn, "source")
+            reasons.append(
+                "rebuilt from source it hashes differently (a global it uses may not have "
+                "travelled faithfully)"
+            )
+        if ref.source_error:
+            reasons.append(f"its source could not be sent ({ref.source_error})")
+        raise KernelTransferError(
+            f"cannot load kernel {ref.name} in worker process {os.getpid()}: "
+            + "; ".join(reasons or ["no way to send it"])
+            + ". Define it at module level in a module the worker can import."
+        )
+
+
+def _import(ref: KernelRef, reasons: list[str]) -> Any:
+    if ref.module == "__main__" or "<locals>" in ref.qualname:
+        return None
+    try:
+        return unwrap_jit_function(_resolve(importlib.import_module(ref.module), ref.qualname))
+    except Exception as exc:
+        reasons.append(f"importing it failed ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _remember(key: tuple[str, str, str], fn: Any, how: LoadedBy) -> tuple[Any, LoadedBy]:
+    _loaded[key] = (fn, how)
+    _verified.add(key)
+    return fn, how
+
+
+def _has_cache_key(fn: Any, expected: str) -> bool:
+    """Return whether ``fn.cache_key`` is ``expected``, in either order of computation.
+
+    Up to Triton 3.6, a kernel's key includes the constexpr globals of the functions it calls
+    only if their keys were computed before its own, so the same kernel can have two keys
+    depending on what ran first. If the first computation disagrees, compute the key again now
+    that every dependency's key is known.
+    """
+    if fn.cache_key == expected:
+        return True
+    fn.hash = None  # JITCallable caches its key here; forget it to recompute
+    fn.used_global_vals = {}
+    return bool(fn.cache_key == expected)
+
+
+def _load_dependency(ref: KernelRef) -> Any:
+    """Load a function another kernel calls, without checking its key yet.
+
+    Its key is part of the caller's key, so checking the caller checks it; computing it now
+    would change the order of computation that ``_has_cache_key`` has to match. The caller's own
+    source is preferred: an importable copy may have been edited since.
     """
     key = (ref.module, ref.qualname, ref.cache_key)
     with _loaded_lock:
         if key in _loaded:
-            return _loaded[key]
-        reasons: list[str] = []
-        result: tuple[Any, LoadedBy] | None = None
-        if ref.module != "__main__" and "<locals>" not in ref.qualname:
-            try:
-                module = importlib.import_module(ref.module)
-                fn = unwrap_jit_function(_resolve(module, ref.qualname))
-            except Exception as exc:
-                reasons.append(f"importing it failed ({type(exc).__name__}: {exc})")
-            else:
-                if fn.cache_key == ref.cache_key:
-                    result = (fn, "reference")
-                else:
-                    reasons.append("the importable copy differs from the caller's (edited?)")
-        if result is None and ref.source is not None:
-            fn = _rebuild(ref, ref.source)
-            if fn.cache_key != ref.cache_key:
-                raise KernelTransferError(
-                    f"kernel {ref.name} rebuilt from source in process {os.getpid()} hashes "
-                    "differently from the caller's copy; a global it uses may not have travelled "
-                    "faithfully. Define the kernel in an importable module."
-                )
-            result = (fn, "source")
-        if result is None:
-            if ref.source_error:
-                reasons.append(f"its source could not be sent ({ref.source_error})")
-            raise KernelTransferError(
-                f"cannot load kernel {ref.name} in worker process {os.getpid()}: "
-                + "; ".join(reasons or ["no way to send it"])
-                + ". Define it at module level in a module the worker can import."
-            )
-        _loaded[key] = result
-        return result
+            return _loaded[key][0]
+        how: LoadedBy
+        if ref.source is not None:
+            fn, how = _rebuild(ref, ref.source), "source"
+        else:
+            fn, how = _import(ref, []), "reference"
+            if fn is None:
+                return load_kernel(ref)[0]  # raises the full explanation
+        _loaded[key] = (fn, how)
+        return fn
 
 
 def _decode_value(value: Any) -> Any:
     if isinstance(value, ModuleRef):
         return importlib.import_module(value.name)
     if isinstance(value, KernelRef):
-        return load_kernel(value)[0]
+        return _load_dependency(value)
     if isinstance(value, CallableRef):
         return _resolve(importlib.import_module(value.module), value.qualname)
     return value

@@ -24,11 +24,12 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, Future, as_completed
+from concurrent.futures import Executor, as_completed
 from contextlib import ExitStack
 from typing import Any, Literal
 
 import triton.language as tl
+from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.driver import driver
@@ -219,28 +220,25 @@ def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = 
     done: list[tuple[int, ConfigResult]] = []
     waiting: list[tuple[int, str, str, CompileJob]] = []
     start = time.perf_counter()
-    with AsyncCompileMode(adapter, ignore_errors=True), ExitStack() as stack:
-        try:
-            with ExitStack() as swap:
-                if explicit is not None:
-                    stand_in = swap.enter_context(compile_only_driver(explicit))
-                    swap.callback(_forget, specs, stand_in.device)
-                    target_name = format_target(explicit)
-                else:
-                    target_name = format_target(driver.active.get_current_target())
-                _submit_all(specs, adapter, done, waiting, emit)
-        except BaseException:
-            adapter.shutdown(wait=False, cancel_futures=True)
-            raise
-        stack.callback(adapter.shutdown, wait=False, cancel_futures=True)  # on Ctrl-C while waiting
-        by_future: dict[Future[Any], tuple[int, str, str, CompileJob]] = {
-            entry[3].future: entry for entry in waiting
-        }
-        for future in as_completed(by_future):
-            index, name, config, job = by_future[future]
-            result = _result_of(name, config, job)
-            done.append((index, result))
-            emit(result)
+    mode = AsyncCompileMode(adapter, ignore_errors=True)
+    try:
+        with mode:
+            try:
+                with ExitStack() as swap:
+                    if explicit is not None:
+                        stand_in = swap.enter_context(compile_only_driver(explicit))
+                        swap.callback(_forget, specs, stand_in.device)
+                        target_name = format_target(explicit)
+                    else:
+                        target_name = format_target(driver.active.get_current_target())
+                    _submit_all(specs, adapter, done, waiting, emit)
+                _wait_all(waiting, done, emit)
+            finally:
+                # After an error or Ctrl-C, let nothing queued start; the mode's exit then
+                # finds every future settled instead of waiting for the whole batch.
+                adapter.shutdown(wait=False, cancel_futures=True)
+    finally:
+        _deactivate(mode)
     wall_time_s = time.perf_counter() - start
     results = tuple(result for _, result in sorted(done, key=lambda pair: pair[0]))
     return WarmReport(target=target_name, results=results, wall_time_s=wall_time_s)
@@ -281,6 +279,17 @@ def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
                     emit(result)
 
 
+def _wait_all(waiting: list[tuple[int, str, str, CompileJob]],
+              done: list[tuple[int, ConfigResult]],
+              emit: Callable[[ConfigResult], None]) -> None:
+    by_future = {entry[3].future: entry for entry in waiting}
+    for future in as_completed(by_future):
+        index, name, config, job = by_future[future]
+        result = _result_of(name, config, job)
+        done.append((index, result))
+        emit(result)
+
+
 def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
     if job.future.cancelled():
         return ConfigResult(name, config, "failed", job=job,
@@ -296,6 +305,12 @@ def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
         return ConfigResult(name, config, "cached", job=job)
     return ConfigResult(name, config, "ok", compile_time_s=job.artifacts.compile_time_s,
                         worker_pid=job.artifacts.worker_pid, job=job)
+
+
+def _deactivate(mode: AsyncCompileMode) -> None:
+    """Leave ``mode`` even where Triton did not: 3.6 stays active if its ``__exit__`` raised."""
+    if _async_compile.active_mode.get() is mode:
+        _async_compile.active_mode.set(None)
 
 
 def _describe(meta: Mapping[str, Any]) -> str:

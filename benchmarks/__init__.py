@@ -1,0 +1,22 @@
+"""Benchmarks: ``PrecompileExecutor`` side by side with the other ways to run a compile batch.
+
+Run everything with ``python -m benchmarks.run`` (``--quick`` for a tiny smoke run); it writes
+``docs/benchmarks.md`` and ``docs/benchmarks.png``. See :mod:`benchmarks.run` for the options.
+
+Layout (one job per module):
+
+* :mod:`benchmarks.run` — the command line; a supervisor process that runs the benchmark in a
+  child and checks afterwards that no process it started is left.
+* :mod:`benchmarks._tasks` — the module-level task functions the pools run (no-op, hangs,
+  crashes, the torch+triton initializer).
+* :mod:`benchmarks._kernels` — one Triton matmul kernel, its configs, and ``compile_config``.
+* :mod:`benchmarks._seed` — minimal re-implementations of Helion's two modes: one forked child
+  per task and one fresh interpreter per task.
+* :mod:`benchmarks._pools` — uniform handles on the alternative pools (stdlib, loky, pebble).
+* :mod:`benchmarks._common` — the run context, timing, process inspection, the machine stamp.
+* :mod:`benchmarks._report` — tables, target ratios, Markdown and the plot.
+* ``s1_overhead`` … ``s6_scaling`` — one module per scenario.
+
+Nothing here is imported by the library or its tests except ``tests/test_benchmarks_smoke.py``,
+which runs the command in ``--quick`` mode.
+"""

@@ -1,0 +1,224 @@
+"""The compile task: one Triton matmul config compiled for sm_90, with no GPU needed.
+
+``compile_config(cfg, cache_dir)`` is what every strategy of the batch scenarios runs, in a
+worker, a forked child, a fresh interpreter or a thread. It calls ``triton.compile`` on an
+``ASTSource`` for an explicit ``GPUTarget("cuda", 90, 32)``, which works the same in Triton 3.6
+and 3.9: signature keys are argument names, constexpr arguments appear in the signature as
+``"constexpr"`` and their values in ``constexprs`` (by name).
+
+The cache directory is an argument, not inherited: warm workers were started before the
+strategy's fresh cache existed, so the task points ``TRITON_CACHE_DIR`` at it itself (Triton
+reads that variable on every compile).
+"""
+
+# Triton's decorators and kernels are untyped.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def"
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+Config = tuple[int, int, int, int, int]
+"""``(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)``."""
+
+TARGET = ("cuda", 90, 32)
+"""sm_90 (H100/H200), warp size 32."""
+
+_SHARED_MEMORY_BYTES = 232_448
+"""sm_90's shared memory per block: configs that could never launch there are left out."""
+
+
+@triton.jit
+def matmul(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """C = A @ B (fp16 in, fp32 accumulate), tiles in grouped order."""
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % in_group) % group_size)
+    pid_n = (pid % in_group) // group_size
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    b = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        x = tl.load(a, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+        y = tl.load(b, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(x, y, acc)
+        a += BLOCK_K * stride_ak
+        b += BLOCK_K * stride_bk
+    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (cm[:, None] < M) & (cn[None, :] < N)
+    tl.store(c_ptr + cm[:, None] * stride_cm + cn[None, :] * stride_cn, acc.to(tl.float16), mask)
+
+
+@triton.jit
+def scale(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """y = 2x: the unrelated kernel that warms a worker's compiler."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2, mask=mask)
+
+
+_MATMUL_SIGNATURE = {
+    **dict.fromkeys(["a_ptr", "b_ptr", "c_ptr"], "*fp16"),
+    **dict.fromkeys(
+        ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm"], "i32"
+    ),
+    "stride_cn": "i32",
+    **dict.fromkeys(["BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"], "constexpr"),
+}
+
+
+def _compile(fn: Any, signature: dict[str, str], constexprs: dict[str, int], **options: int) -> Any:
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget(*TARGET), options=options)
+
+
+def compile_config(cfg: Config, cache_dir: str, log_path: str | None = None) -> dict[str, Any]:
+    """Compile one matmul config into ``cache_dir``; return what the benchmark needs to know.
+
+    Args:
+        cfg: ``(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)``.
+        cache_dir: the strategy's fresh Triton cache.
+        log_path: if given, one line ``"<cfg> <pid>"`` is appended per run, so the benchmark can
+            count re-runs of a task after a fault.
+
+    Returns:
+        ``{"cfg", "elapsed_s", "pid", "cubin_bytes"}``.
+    """
+    bm, bn, bk, stages, warps = cfg
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    if log_path is not None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{'x'.join(map(str, cfg))} {os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+    start = time.perf_counter()
+    kernel = _compile(
+        matmul,
+        _MATMUL_SIGNATURE,
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return {
+        "cfg": cfg,
+        "elapsed_s": time.perf_counter() - start,
+        "pid": os.getpid(),
+        "cubin_bytes": len(kernel.asm["cubin"]),
+    }
+
+
+def warm_compile(delay_s: float = 0.0) -> int:
+    """Compile an unrelated small kernel into a throw-away cache; return this process's pid.
+
+    The first compile in a process pays a one-off cost (loading the compiler's libraries and
+    dialects); this pays it, so what follows measures warm compiles. ``delay_s`` keeps the task
+    busy a little longer, so that a batch of these lands on distinct workers.
+    """
+    cache = tempfile.mkdtemp(prefix="bench-warm-cache-")
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        _compile(scale, {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                 {"BLOCK": 1024}, num_warps=4, num_stages=1)
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+        shutil.rmtree(cache, ignore_errors=True)
+    if delay_s:
+        time.sleep(delay_s)
+    return os.getpid()
+
+
+def _valid(cfg: Config) -> bool:
+    bm, bn, bk, stages, warps = cfg
+    tile = bm * bn
+    if (bm * bk + bk * bn) * 2 * stages > _SHARED_MEMORY_BYTES:
+        return False
+    if tile // (32 * warps) > 256 or tile // (32 * warps) < 16:  # accumulator registers/thread
+        return False
+    if max(bm, bn) > 4 * min(bm, bn):  # skinny tiles are rarely worth their compile time
+        return False
+    return not (warps == 8 and tile < 8192) and not (warps == 2 and (tile > 2048 or bk > 32))
+
+
+def all_configs() -> list[Config]:
+    """Every config of the search space, in a fixed shuffled order (as an autotuner lists them).
+
+    Block sizes 32–256 (at most 128×256 tiles, aspect ≤ 4), BLOCK_K 32–64, 2–4 stages, 2/4/8 warps, minus
+    configs that would not fit sm_90's shared memory or registers. The order is a seeded shuffle,
+    so any prefix mixes small and large configs.
+    """
+    space = [
+        (bm, bn, bk, stages, warps)
+        for bm in (32, 64, 128, 256)
+        for bn in (32, 64, 128, 256)
+        for bk in (32, 64)
+        for stages in (2, 3, 4)
+        for warps in (2, 4, 8)
+        if bm * bn <= 128 * 256
+    ]
+    configs = [c for c in space if _valid(c)]
+    random.Random(20261129).shuffle(configs)
+    return configs
+
+
+QUICK_CONFIGS: list[Config] = [
+    (32, 32, 32, 2, 2),
+    (64, 32, 32, 3, 2),
+    (32, 64, 64, 3, 2),
+    (64, 64, 32, 2, 4),
+    (32, 32, 64, 4, 2),
+    (64, 32, 64, 2, 2),
+]
+"""Small configs (about 0.5 s each) for ``--quick``."""
+
+
+def configs(n: int, quick: bool) -> list[Config]:
+    """The first ``n`` configs of the batch (small ones in quick mode)."""
+    pool = QUICK_CONFIGS if quick else all_configs()
+    if n > len(pool):
+        raise ValueError(f"at most {len(pool)} distinct configs are defined, asked for {n}")
+    return pool[:n]
+
+
+def cost_estimate(cfg: Config) -> float:
+    """A rough a-priori compile cost (bigger tiles, K-blocks and pipelines take longer)."""
+    bm, bn, bk, stages, warps = cfg
+    return bm * bn * (1 + bk / 64) * (1 + stages / 4) / warps**0.5

@@ -1,0 +1,86 @@
+"""Module-level task functions that every pool can run (stdlib pickle finds them by name).
+
+This module imports neither torch nor triton: a no-op task must not pay for them. The
+initializer :func:`import_torch_triton` is what a real autotuner's workers would run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import time
+from typing import Any
+
+FOREVER_S = 100_000
+"""How long a "hang" sleeps: longer than any benchmark, so only a kill ends it."""
+
+
+def noop(x: Any = None) -> Any:
+    """Return ``x``: the per-task overhead of a pool is the time this takes end to end."""
+    return x
+
+
+def getpid(delay_s: float = 0.0) -> int:
+    """Sleep ``delay_s`` then return this process's pid (to see which worker ran a task)."""
+    if delay_s:
+        time.sleep(delay_s)
+    return os.getpid()
+
+
+def import_torch_triton() -> None:
+    """Worker initializer: import what an autotuner's compile worker needs."""
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+
+
+def _no_core_dump() -> None:
+    # A benchmark that aborts on purpose must not write a core file per crash.
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError):
+        pass
+
+
+def crash(how: str = "abort") -> None:
+    """Kill this process: ``"abort"`` (SIGABRT, like a failed assert in C) or ``"sigkill"``."""
+    _no_core_dump()
+    if how == "abort":
+        os.abort()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang(how: str = "c") -> None:
+    """Never return.
+
+    ``"python"``: a pure-Python busy loop. ``"c"``: ``sleep()`` in C with the GIL held (through
+    ``ctypes.PyDLL``), so no Python-level timer or signal handler can run. ``"ignore-term"``:
+    ignore SIGTERM first, then sleep — only SIGKILL ends it, as with a stubborn compiler.
+    """
+    if how == "python":
+        while True:
+            pass
+    if how == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1.0)
+    ctypes.PyDLL(None).sleep(FOREVER_S)
+
+
+def hang_with_grandchild(how: str, info_path: str) -> None:
+    """Start a ``sleep`` grandchild, record when this task started, then :func:`hang`.
+
+    Writes ``{"start": time.monotonic(), "pid": ..., "grandchild": ...}`` to ``info_path``.
+    ``time.monotonic`` is the system-wide CLOCK_MONOTONIC on Linux, so the parent can compare it
+    with its own clock. The grandchild stays in this process's group, as ptxas would.
+    """
+    start = time.monotonic()
+    child = subprocess.Popen(["sleep", str(FOREVER_S)], stdin=subprocess.DEVNULL)
+    tmp = f"{info_path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"start": start, "pid": os.getpid(), "grandchild": child.pid}, f)
+    os.replace(tmp, info_path)
+    hang(how)
