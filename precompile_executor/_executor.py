@@ -147,6 +147,7 @@ class _Task:
 
 
 _task_ids = itertools.count(1)
+_AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
 
 def _check_timeout(value: object, name: str) -> float | None:
@@ -592,7 +593,7 @@ class PrecompileExecutor(Executor):
                     error.__cause__ = exc
                     with core.hub.lock:
                         if core.shutdown:
-                            raise RuntimeError("cannot schedule new futures after shutdown") from None
+                            raise RuntimeError(_AFTER_SHUTDOWN) from None
                         core.failed += 1
                     future.set_running_or_notify_cancel()
                     future.set_exception(error)
@@ -612,7 +613,7 @@ class PrecompileExecutor(Executor):
         )
         with core.hub.lock:
             if core.shutdown:
-                raise RuntimeError("cannot schedule new futures after shutdown")
+                raise RuntimeError(_AFTER_SHUTDOWN)
             core.enqueue(task)
             actions = core.pump()
         core.act(actions)

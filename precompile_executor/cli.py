@@ -21,7 +21,6 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,10 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         "PRECOMPILE_SPECS dict, into this machine's Triton cache.",
     )
     warm.add_argument("module", metavar="FILE_OR_MODULE", help="a .py file or a dotted module")
-    warm.add_argument("--target", required=True,
-                      help="e.g. cuda:90, cuda:80, hip:gfx942 (no GPU needed)")
-    warm.add_argument("--force", action="store_true",
-                      help="compile even the configs already in the cache")
+    warm.add_argument(
+        "--target", required=True, help="e.g. cuda:90, cuda:80, hip:gfx942 (no GPU needed)"
+    )
+    warm.add_argument(
+        "--force", action="store_true", help="compile even the configs already in the cache"
+    )
     _common_options(warm)
     warm.set_defaults(run=_run_warm)
     demo = commands.add_parser(
@@ -87,14 +88,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", "-j", type=int, default=None,
-                        help="worker processes (default: one per CPU)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds one config may compile (default: {DEFAULT_TIMEOUT_S:g})")
-    parser.add_argument("--cache-dir", default=None,
-                        help="Triton cache directory to fill (default: Triton's own)")
-    parser.add_argument("--verbose", "-v", action="store_true",
-                        help="also list expected failures (resource limits)")
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=None, help="worker processes (default: one per CPU)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds one config may compile (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="Triton cache directory to fill (default: Triton's own)"
+    )
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="also list expected failures (resource limits)"
+    )
 
 
 def _run_warm(args: argparse.Namespace) -> int:
@@ -102,18 +110,17 @@ def _run_warm(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    with ExitStack() as stack:
-        note = None
-        if args.cache_dir is None:
-            args.cache_dir = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="precompile-executor-demo-"))
-            note = "compiled into a temporary cache (use --cache-dir DIR to keep the results)"
+    if args.cache_dir is not None:
+        return _warm_module(DEMO_MODULE, args, force=False, cache_note=None)
+    with tempfile.TemporaryDirectory(prefix="precompile-executor-demo-") as cache_dir:
+        args.cache_dir = cache_dir
+        note = "compiled into a temporary cache (use --cache-dir DIR to keep the results)"
         return _warm_module(DEMO_MODULE, args, force=False, cache_note=note)
-    raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
 
 
-def _warm_module(name: str, args: argparse.Namespace, *, force: bool,
-                 cache_note: str | None) -> int:
+def _warm_module(
+    name: str, args: argparse.Namespace, *, force: bool, cache_note: str | None
+) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise _BadInput(f"--jobs must be at least 1, got {args.jobs}")
     if args.timeout is not None and args.timeout <= 0:
@@ -129,20 +136,24 @@ def _warm_module(name: str, args: argparse.Namespace, *, force: bool,
         specs = find_specs(load_module(name))
     except (ValueError, SpecsError) as exc:
         raise _BadInput(str(exc)) from None
-    if args.cache_dir is not None:
-        from triton import knobs
-
-        knobs.cache.dir = args.cache_dir
     from rich.console import Console
+    from triton import knobs
 
     out, err = Console(), Console(stderr=True)
     total = count_configs(specs)
-    try:
-        with PrecompileExecutor(args.jobs, timeout=args.timeout, classify=classify) as executor, \
-                _progress(err, total, f"compiling for {args.target}") as advance:
-            report = warm(specs, target=target, executor=executor, force=force, on_result=advance)
-    finally:
-        stop_idle_workers()  # a one-shot command keeps no warm workers: exit now, not when idle
+    with knobs.cache.scope():
+        if args.cache_dir is not None:
+            knobs.cache.dir = args.cache_dir
+        try:
+            with (
+                PrecompileExecutor(args.jobs, timeout=args.timeout, classify=classify) as executor,
+                _progress(err, total, f"compiling for {args.target}") as advance,
+            ):
+                report = warm(
+                    specs, target=target, executor=executor, force=force, on_result=advance
+                )
+        finally:
+            stop_idle_workers()  # a one-shot command keeps no warm workers: exit now
     _print_report(out, report, args, cache_note)
     return EXIT_COMPILE_FAILED if report.unexpected_failures else EXIT_OK
 
@@ -159,8 +170,13 @@ class _progress:
             TimeElapsedColumn,
         )
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), console=console)
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
         self._task = self._bar.add_task(description, total=total)
 
     def __enter__(self) -> Any:
@@ -174,8 +190,9 @@ class _progress:
         self._bar.advance(self._task)
 
 
-def _print_report(console: Any, report: WarmReport, args: argparse.Namespace,
-                  cache_note: str | None) -> None:
+def _print_report(
+    console: Any, report: WarmReport, args: argparse.Namespace, cache_note: str | None
+) -> None:
     from rich.table import Table
 
     table = Table(title=f"precompiled for {report.target}")
@@ -204,11 +221,29 @@ def _print_report(console: Any, report: WarmReport, args: argparse.Namespace,
     for result in report.results:
         if result.error is None or (result.classification == "debug" and not args.verbose):
             continue
-        message = str(result.error).strip().splitlines()
-        first = message[0] if message else ""
         kind = getattr(result.error, "exc_type", None) or type(result.error).__name__
-        console.print(f"{result.status.upper()} ({result.classification}) "
-                      f"{result.kernel}[{result.config}]: {kind}: {first}",
-                      markup=False, highlight=False)
+        console.print(
+            f"{result.status.upper()} ({result.classification}) "
+            f"{result.kernel}[{result.config}]: {kind}: {_summary(result.error)}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if cache_note:
         console.print(cache_note)
+
+
+def _summary(error: BaseException) -> str:
+    """One line for an error: its first line, plus the line that says what went wrong.
+
+    Triton's messages put the location first and the cause last (``CompilationError``), or bury
+    the cause in ``ptxas`` output after a generic first line (``PTXASError``).
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    cause = next(
+        (line for line in lines[1:] if "error" in line.lower() or "fatal" in line.lower()),
+        lines[-1],
+    )
+    return f"{lines[0]} ... {cause}"

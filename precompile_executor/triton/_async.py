@@ -107,8 +107,9 @@ class TritonCompileExecutor(Executor):
             wait_futures(futures)
 
 
-def async_compile_executor(executor: Executor | None = None, *,
-                           force: bool = False) -> TritonCompileExecutor:
+def async_compile_executor(
+    executor: Executor | None = None, *, force: bool = False
+) -> TritonCompileExecutor:
     """Return an executor for ``triton.AsyncCompileMode`` that compiles in ``executor``'s workers.
 
     Example::

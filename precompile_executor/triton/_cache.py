@@ -33,8 +33,9 @@ def metadata_filename(src: Any) -> str:
     return f"{src.name[:METADATA_NAME_LIMIT_CHARS]}.json"
 
 
-def expected_hash(src: Any, target: Any, options: Mapping[str, Any],
-                  env_vars: Mapping[str, str]) -> str:
+def expected_hash(
+    src: Any, target: Any, options: Mapping[str, Any], env_vars: Mapping[str, str]
+) -> str:
     """Return the hash under which ``triton.compile(src, target, options)`` caches its result.
 
     This repeats the first lines of ``triton.compile`` (3.6 to 3.9): parse the options with the
@@ -84,8 +85,7 @@ def install(artifacts: CompiledArtifacts, expected: str) -> dict[str, str]:
         raise CacheKeyMismatchError.from_hashes(expected, artifacts.hash, artifacts.worker_pid)
     manager = get_cache_manager(artifacts.hash)
     group = {
-        name: manager.put(data, name, binary=True)
-        for name, data in sorted(artifacts.files.items())
+        name: manager.put(data, name, binary=True) for name, data in sorted(artifacts.files.items())
     }
     manager.put_group(artifacts.metadata_filename, group)
     return group

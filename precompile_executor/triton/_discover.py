@@ -55,9 +55,7 @@ def load_module(file_or_module: str) -> types.ModuleType:
             raise SpecsError(f"no such file or module: {file_or_module}") from None
         raise SpecsError(f"importing {file_or_module} failed: {exc}") from exc
     except Exception as exc:
-        raise SpecsError(
-            f"importing {file_or_module} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise SpecsError(f"importing {file_or_module} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _load_file(path: Path) -> types.ModuleType:

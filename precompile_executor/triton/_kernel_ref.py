@@ -14,9 +14,9 @@ request carries a :class:`KernelRef` instead:
   ``__main__``, inside a function, or in a file loaded by path.
 
 The caller ships both when it can. The worker tries the reference first and keeps it only if the
-imported kernel's ``cache_key`` equals the caller's (same source, same dependencies); otherwise it
-rebuilds from source. Either way the worker compiles exactly the kernel the caller hashed, or fails
-with :class:`KernelTransferError`.
+imported kernel's ``cache_key`` equals the caller's (same source, same dependencies, same constexpr
+globals); otherwise it rebuilds from source, and the functions the kernel calls too. Either way the
+worker compiles exactly the kernel the caller hashed, or fails with :class:`KernelTransferError`.
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ class CompileJob:
         return self.future.done()
 
 
-def build_request(src: Any, target: Any, options: Mapping[str, Any],
-                  env_vars: Mapping[str, str]) -> CompileRequest:
+def build_request(
+    src: Any, target: Any, options: Mapping[str, Any], env_vars: Mapping[str, str]
+) -> CompileRequest:
     """Return the picklable :class:`CompileRequest` for ``triton.compile(src, target, options)``.
 
     Raises:
@@ -100,8 +101,15 @@ def build_request(src: Any, target: Any, options: Mapping[str, Any],
     )
 
 
-def submit_compile(executor: Executor, src: Any, target: Any, options: Mapping[str, Any],
-                   env_vars: Mapping[str, str], *, force: bool = False) -> CompileJob:
+def submit_compile(
+    executor: Executor,
+    src: Any,
+    target: Any,
+    options: Mapping[str, Any],
+    env_vars: Mapping[str, str],
+    *,
+    force: bool = False,
+) -> CompileJob:
     """Compile ``src`` for ``target`` in ``executor`` unless the caller's cache has it.
 
     Args:
@@ -158,11 +166,17 @@ def submit_compile(executor: Executor, src: Any, target: Any, options: Mapping[s
     return job
 
 
-def precompile(kernel: Any, signature: Mapping[str, str],
-               constexprs: Mapping[Any, Any] | None = None, *, target: Any,
-               options: Mapping[str, Any] | None = None,
-               attrs: Mapping[Any, Any] | None = None,
-               executor: Executor | None = None, force: bool = False) -> CompileJob:
+def precompile(
+    kernel: Any,
+    signature: Mapping[str, str],
+    constexprs: Mapping[Any, Any] | None = None,
+    *,
+    target: Any,
+    options: Mapping[str, Any] | None = None,
+    attrs: Mapping[Any, Any] | None = None,
+    executor: Executor | None = None,
+    force: bool = False,
+) -> CompileJob:
     """Compile a ``@triton.jit`` kernel in a worker and install the result in the caller's cache.
 
     The arguments are those of ``triton.compile(ASTSource(fn, signature, constexprs, attrs),

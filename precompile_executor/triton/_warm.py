@@ -62,8 +62,14 @@ class TensorSpec:
         aligned: whether the data pointer is 16-byte aligned (what ``torch`` allocations are).
     """
 
-    def __init__(self, dtype: Any, shape: Sequence[int], strides: Sequence[int] | None = None,
-                 *, aligned: bool = True) -> None:
+    def __init__(
+        self,
+        dtype: Any,
+        shape: Sequence[int],
+        strides: Sequence[int] | None = None,
+        *,
+        aligned: bool = True,
+    ) -> None:
         self.dtype = _triton_dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
         if strides is None:
@@ -196,9 +202,14 @@ def count_configs(specs: KernelSpecs) -> int:
     return sum(len(configs_of(k)) * len(list(launches)) for k, launches in specs.items())
 
 
-def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = None,
-         force: bool = False,
-         on_result: Callable[[ConfigResult], None] | None = None) -> WarmReport:
+def warm(
+    specs: KernelSpecs,
+    *,
+    target: Any = None,
+    executor: Executor | None = None,
+    force: bool = False,
+    on_result: Callable[[ConfigResult], None] | None = None,
+) -> WarmReport:
     """Compile every config of every kernel in ``specs`` in parallel, into this process's cache.
 
     Args:
@@ -213,8 +224,9 @@ def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = 
     Returns:
         A :class:`WarmReport`; failures are reported there, not raised.
     """
-    adapter = TritonCompileExecutor(executor if executor is not None else default_executor(),
-                                    force=force)
+    adapter = TritonCompileExecutor(
+        executor if executor is not None else default_executor(), force=force
+    )
     explicit = parse_target(target) if target is not None else None
     emit = on_result or (lambda result: None)
     done: list[tuple[int, ConfigResult]] = []
@@ -230,7 +242,7 @@ def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = 
                         swap.callback(_forget, specs, stand_in.device)
                         target_name = format_target(explicit)
                     else:
-                        target_name = format_target(driver.active.get_current_target())
+                        target_name = format_target(_current_target())
                     _submit_all(specs, adapter, done, waiting, emit)
                 _wait_all(waiting, done, emit)
             finally:
@@ -244,10 +256,13 @@ def warm(specs: KernelSpecs, *, target: Any = None, executor: Executor | None = 
     return WarmReport(target=target_name, results=results, wall_time_s=wall_time_s)
 
 
-def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
-                done: list[tuple[int, ConfigResult]],
-                waiting: list[tuple[int, str, str, CompileJob]],
-                emit: Callable[[ConfigResult], None]) -> None:
+def _submit_all(
+    specs: KernelSpecs,
+    adapter: TritonCompileExecutor,
+    done: list[tuple[int, ConfigResult]],
+    waiting: list[tuple[int, str, str, CompileJob]],
+    emit: Callable[[ConfigResult], None],
+) -> None:
     index = 0
     for kernel, launches in specs.items():
         name = unwrap_jit_function(kernel).__name__
@@ -255,8 +270,9 @@ def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
         # may be a Heuristics wrapper, which then adds its own keyword arguments.
         entry = kernel.fn if isinstance(kernel, Autotuner) else kernel
         for one in launches:
-            args, kwargs = (one.args, dict(one.kwargs)) if isinstance(one, Launch) else (
-                tuple(one), {})
+            args, kwargs = (
+                (one.args, dict(one.kwargs)) if isinstance(one, Launch) else (tuple(one), {})
+            )
             for config in configs_of(kernel):
                 index += 1
                 meta = dict(config.all_kwargs()) if config is not None else {}
@@ -265,8 +281,9 @@ def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
                 try:
                     entry.warmup(*args, grid=WARMUP_GRID, **kwargs, **meta)
                 except Exception as exc:  # a bad argument, an unsendable kernel, …
-                    result = ConfigResult(name, label, "failed", error=exc,
-                                          classification=classify(exc))
+                    result = ConfigResult(
+                        name, label, "failed", error=exc, classification=classify(exc)
+                    )
                     done.append((index, result))
                     emit(result)
                     continue
@@ -279,9 +296,11 @@ def _submit_all(specs: KernelSpecs, adapter: TritonCompileExecutor,
                     emit(result)
 
 
-def _wait_all(waiting: list[tuple[int, str, str, CompileJob]],
-              done: list[tuple[int, ConfigResult]],
-              emit: Callable[[ConfigResult], None]) -> None:
+def _wait_all(
+    waiting: list[tuple[int, str, str, CompileJob]],
+    done: list[tuple[int, ConfigResult]],
+    emit: Callable[[ConfigResult], None],
+) -> None:
     by_future = {entry[3].future: entry for entry in waiting}
     for future in as_completed(by_future):
         index, name, config, job = by_future[future]
@@ -292,8 +311,9 @@ def _wait_all(waiting: list[tuple[int, str, str, CompileJob]],
 
 def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
     if job.future.cancelled():
-        return ConfigResult(name, config, "failed", job=job,
-                            error=RuntimeError("cancelled"), classification="raise")
+        return ConfigResult(
+            name, config, "failed", job=job, error=RuntimeError("cancelled"), classification="raise"
+        )
     exc = job.future.exception()
     if exc is not None:
         verdict = getattr(exc, "classification", None)
@@ -303,8 +323,24 @@ def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
         return ConfigResult(name, config, status, error=exc, classification=verdict, job=job)
     if job.cached or job.artifacts is None:
         return ConfigResult(name, config, "cached", job=job)
-    return ConfigResult(name, config, "ok", compile_time_s=job.artifacts.compile_time_s,
-                        worker_pid=job.artifacts.worker_pid, job=job)
+    return ConfigResult(
+        name,
+        config,
+        "ok",
+        compile_time_s=job.artifacts.compile_time_s,
+        worker_pid=job.artifacts.worker_pid,
+        job=job,
+    )
+
+
+def _current_target() -> Any:
+    try:
+        return driver.active.get_current_target()
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"no GPU to warm kernels for ({exc}); pass an explicit target such as "
+            "target='cuda:90' to compile without one"
+        ) from exc
 
 
 def _deactivate(mode: AsyncCompileMode) -> None:

@@ -51,8 +51,9 @@ def compile_request(request: CompileRequest) -> CompiledArtifacts:
         Exception: whatever ``triton.compile`` raises (``CompilationError``, ``PTXASError``, …).
     """
     fn, loaded_by = load_kernel(request.kernel)
-    src = ASTSource(fn, dict(request.signature), decode_constexprs(request.constexprs),
-                    dict(request.attrs))
+    src = ASTSource(
+        fn, dict(request.signature), decode_constexprs(request.constexprs), dict(request.attrs)
+    )
     target = GPUTarget(*request.target)
     options = dict(request.options)
     env_vars = dict(request.env_vars)
@@ -85,8 +86,10 @@ def _read_group(group: Mapping[str, str]) -> dict[str, bytes]:
 @contextmanager
 def _private_cache() -> Iterator[None]:
     """Point Triton's file cache at a fresh temporary directory for the duration."""
-    with tempfile.TemporaryDirectory(prefix="precompile-executor-triton-") as cache_dir, \
-            knobs.cache.scope():
+    with (
+        tempfile.TemporaryDirectory(prefix="precompile-executor-triton-") as cache_dir,
+        knobs.cache.scope(),
+    ):
         knobs.cache.dir = cache_dir
         # A remote or custom cache manager configured for the caller is not ours to fill.
         knobs.cache.manager_class = FileCacheManager
