@@ -23,6 +23,7 @@ from ._executor import (
     stop_idle_workers,
 )
 from ._process import KILL_GRACE_S
+from ._worker import worker_device
 
 __version__ = "0.1.0"
 
@@ -43,4 +44,5 @@ __all__ = [
     "completed_future",
     "stop_idle_workers",
     "wait_for_all",
+    "worker_device",
 ]

@@ -23,6 +23,7 @@ returns idle workers to it, and the next executor with the same initializer reus
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
@@ -31,7 +32,7 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any, Literal, TypeVar
 
@@ -166,6 +167,23 @@ def _check_path(value: object) -> Path:
     return value  # type: ignore[return-value]
 
 
+def _check_devices(devices: object) -> tuple[str, ...] | None:
+    if devices is None:
+        return None
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (list, tuple, range)):
+        raise TypeError(f"devices must be a list of GPU indices (or UUID strings), got {devices!r}")
+    out: list[str] = []
+    for d in devices:
+        if isinstance(d, bool) or not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
+            raise ValueError(f"devices must hold GPU indices >= 0 or UUID strings, got {d!r}")
+        out.append(str(d))
+    if not out:
+        raise ValueError("devices must not be empty; pass None for no pinning")
+    if len(set(out)) != len(out):
+        raise ValueError(f"devices lists a GPU twice: {list(devices)!r}")
+    return tuple(out)
+
+
 def _default_workers() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -205,8 +223,10 @@ class _Core:
         idle_timeout_s: float | None,
         classify: Callable[[BaseException], Classification] | None,
         ignore_errors: bool,
+        devices: tuple[str, ...] | None = None,
     ) -> None:
         self.hub = hub
+        self.devices = devices
         self.max_workers = max_workers
         self.init_blob = init_blob
         self.key = init_blob or b""
@@ -249,7 +269,7 @@ class _Core:
         while busy < self.max_workers:
             spawn, fork = self._head("spawn"), self._head("fork")
             if spawn is not None and not idle:
-                pooled = self.hub.take_idle(self.key)
+                pooled = self.take_pooled()
                 if pooled is not None:
                     pooled.owner = self
                     pooled.idle_timeout_s = self.idle_timeout_s
@@ -274,7 +294,7 @@ class _Core:
                 self.fork_tasks += 1
                 actions.append(("fork", task, None))
             else:
-                worker = idle.pop()
+                worker = self._pick_idle(idle)
                 worker.state = "busy"
                 worker.task = task
                 task.worker = worker
@@ -297,8 +317,41 @@ class _Core:
         room = self.max_workers - spawn_workers
         return [("start", self._new_worker(), None) for _ in range(max(0, min(want, room)))]
 
+    def device_key(self, device: str | None) -> bytes:
+        """The pool key of this executor's workers pinned to ``device``."""
+        return self.key if device is None else self.key + b"|device=" + device.encode()
+
+    def _devices_least_used_first(self) -> list[str | None]:
+        if not self.devices:
+            return [None]
+        count: dict[str | None, int] = dict.fromkeys(self.devices, 0)
+        for w in self.workers:
+            if w.kind == "spawn" and w.device in count:
+                count[w.device] += 1
+        return sorted(self.devices, key=lambda d: count[d])  # stable: ties keep list order
+
+    def _pick_idle(self, idle: list[Worker]) -> Worker:
+        """Take an idle worker, from the device with the fewest busy workers when pinned."""
+        if self.devices and len(idle) > 1:
+            busy = collections.Counter(
+                w.device for w in self.workers if w.kind == "spawn" and w.state == "busy"
+            )
+            best = min(idle, key=lambda w: busy[w.device])
+            idle.remove(best)
+            return best
+        return idle.pop()
+
+    def take_pooled(self) -> Worker | None:
+        """Take a warm idle worker from the hub's pool, keeping devices balanced."""
+        for device in self._devices_least_used_first():
+            worker = self.hub.take_idle(self.device_key(device))
+            if worker is not None:
+                return worker
+        return None
+
     def _new_worker(self) -> Worker:
-        worker = self.hub.new_spawn_worker(self.key, self.idle_timeout_s)
+        device = self._devices_least_used_first()[0]
+        worker = self.hub.new_spawn_worker(self.device_key(device), self.idle_timeout_s, device)
         worker.owner = self
         self.workers.add(worker)
         return worker
@@ -510,6 +563,9 @@ class PrecompileExecutor(Executor):
             the proxy as ``classification`` and used by :func:`wait_for_all`.
         ignore_errors: classify every failure as ``"debug"``.
         idle_timeout: seconds an idle worker stays alive; ``None`` keeps it until exit.
+        devices: pin spawn workers to these GPUs (``CUDA_VISIBLE_DEVICES`` set before each
+            worker starts), spread evenly: ``max_workers=8, devices=[0, 1]`` gives 4 workers per
+            GPU. A replacement worker goes to the device with the fewest. ``None``: no pinning.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -526,6 +582,7 @@ class PrecompileExecutor(Executor):
         classify: Callable[[BaseException], Classification] | None = None,
         ignore_errors: bool = False,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+        devices: Sequence[int | str] | None = None,
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -551,7 +608,15 @@ class PrecompileExecutor(Executor):
                 raise TypeError(
                     f"initializer and initargs must be picklable for spawned workers: {exc}"
                 ) from exc
-        self._core = _Core(get_hub(), max_workers, init_blob, idle, classify, ignore_errors)
+        self._core = _Core(
+            get_hub(),
+            max_workers,
+            init_blob,
+            idle,
+            classify,
+            ignore_errors,
+            _check_devices(devices),
+        )
 
     @property
     def max_workers(self) -> int:
@@ -706,7 +771,7 @@ class PrecompileExecutor(Executor):
             core.start_error = None
             actions: list[tuple[str, Any, Any]] = []
             while sum(1 for w in core.workers if w.kind == "spawn") < core.max_workers:
-                pooled = core.hub.take_idle(core.key)
+                pooled = core.take_pooled()
                 if pooled is not None:
                     pooled.owner = core
                     core.workers.add(pooled)
@@ -812,7 +877,8 @@ class PrecompileExecutor(Executor):
             idle = [w for w in core.workers if w.kind == "spawn"]
         for worker in idle:
             core.hub.stop(worker)
-        core.hub.stop_idle(core.key)
+        for device in core.devices or [None]:
+            core.hub.stop_idle(core.device_key(device))
 
     def _wait_idle(self, timeout_s: float) -> None:
         core = self._core

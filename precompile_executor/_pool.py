@@ -86,6 +86,7 @@ class Worker:
         self.exit_code: int | None = None
         self.start_error: BaseException | None = None
         self.killing = False
+        self.device: str | None = None
 
     def __repr__(self) -> str:
         return f"<Worker {self.kind} #{self.id} pid={self.pid} {self.state}>"
@@ -163,10 +164,13 @@ class Hub:
             self.idle.setdefault(worker.key, []).append(worker)
         self.wake()
 
-    def new_spawn_worker(self, key: bytes, idle_timeout_s: float | None) -> Worker:
+    def new_spawn_worker(
+        self, key: bytes, idle_timeout_s: float | None, device: str | None = None
+    ) -> Worker:
         """Register a worker in state ``starting``; call :meth:`launch` outside the lock."""
         worker = Worker("spawn", key, self.new_capture_path())
         worker.idle_timeout_s = idle_timeout_s
+        worker.device = device
         self._starting[worker.token] = worker
         self.workers.add(worker)
         return worker
@@ -174,7 +178,14 @@ class Hub:
     def launch(self, worker: Worker, init_blob: bytes | None) -> None:
         """Start a loky worker that runs the serve loop for ``worker``."""
         try:
-            executor = loky.ProcessPoolExecutor(max_workers=1, timeout=None)
+            env = None
+            if worker.device is not None:
+                # Set before the interpreter starts, so CUDA only ever sees this one device.
+                env = {
+                    "CUDA_VISIBLE_DEVICES": worker.device,
+                    "PRECOMPILE_EXECUTOR_DEVICE": worker.device,
+                }
+            executor = loky.ProcessPoolExecutor(max_workers=1, timeout=None, env=env)
             with self.lock:
                 gone = self._closed or worker.state == "dead"
                 worker.loky = None if gone else executor
@@ -394,19 +405,26 @@ class Hub:
             owner.on_worker_ready(worker)
 
     def _done(self, worker: Worker, message: tuple[Any, ...]) -> None:
-        _, task_id, outcomes, output = message
+        _, task_id, outcomes, output = message[:4]
+        retire = len(message) > 4 and bool(message[4])
         with self.lock:
             task = worker.task
             if task is None or task.id != task_id or task.claimed:
                 return
             task.claimed = True
             worker.task = None
-            if worker.kind == "spawn" and worker.state == "busy":
+            if worker.kind == "spawn" and worker.state == "busy" and not retire:
                 worker.state = "idle"
                 worker.idle_since = time.monotonic()
             owner = worker.owner
+        if retire:
+            # A sticky CUDA error: the worker is done for; replace it like a crashed one.
+            log.debug("worker pid %d retired after a sticky CUDA error", worker.pid)
+            self.stop(worker, kill=True)
         if owner is not None:
             owner.on_task_done(worker, task, outcomes, output)
+            if retire:
+                owner.on_worker_gone(worker, expected=False)
 
     def _eof(self, conn: Connection) -> None:
         with self.lock:

@@ -19,6 +19,7 @@ import contextlib
 import faulthandler
 import os
 import pickle
+import re
 import resource
 import sys
 import traceback
@@ -88,6 +89,27 @@ def read_capture_file(fd_or_path: int | str) -> str:
     if start:
         text = f"[... {start} earlier bytes cut ...]\n{text}"
     return text
+
+
+STICKY_CUDA_ERROR = re.compile(
+    r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction"
+    r"|device-side assert|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUDA_ERROR_ILLEGAL_ADDRESS"
+    r"|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS|CUDA_ERROR_LAUNCH_FAILED",
+    re.IGNORECASE,
+)
+"""CUDA errors after which the process's CUDA context stays broken ("sticky" errors)."""
+
+
+def is_sticky_cuda_error(record: ErrorRecord) -> bool:
+    """Whether a task's error leaves this process's CUDA context unusable."""
+    return bool(
+        STICKY_CUDA_ERROR.search(record.message) or STICKY_CUDA_ERROR.search(record.exc_type)
+    )
+
+
+def worker_device() -> str | None:
+    """In a pinned worker, the device it was pinned to (its ``CUDA_VISIBLE_DEVICES``)."""
+    return os.environ.get("PRECOMPILE_EXECUTOR_DEVICE")
 
 
 def run_calls(calls: Sequence[Call], pid: int) -> list[Outcome]:
@@ -203,8 +225,11 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
             break
         _, task_id, n_calls, want_output, blob = message
         outcomes, output = execute(blob, n_calls, want_output, capture)
+        retire = any(not ok and is_sticky_cuda_error(rec) for ok, rec in outcomes)
         try:
-            conn.send_bytes(pickle.dumps(("done", task_id, outcomes, output)))
+            conn.send_bytes(pickle.dumps(("done", task_id, outcomes, output, retire)))
         except (EOFError, OSError):
             break
+        if retire:
+            break  # this process's CUDA context is unusable: the parent replaces it
     conn.close()
