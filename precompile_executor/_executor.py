@@ -32,6 +32,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, InvalidStateError
 from typing import Any, Literal, TypeVar
@@ -518,6 +519,13 @@ class _Core:
             self.changed.notify_all()
         self.act(actions)
 
+    def abandon(self) -> None:
+        """The executor object is gone: shut down without waiting (finalizer)."""
+        with self.hub.lock:
+            self.shutdown = True
+            actions = self.pump()
+        self.act(actions)
+
     def act_later(self, actions: list[tuple[str, Any, Any]]) -> None:
         threading.Thread(target=self.act, args=(actions,), daemon=True).start()
 
@@ -617,6 +625,10 @@ class PrecompileExecutor(Executor):
             ignore_errors,
             _check_devices(devices),
         )
+        self._parent: PrecompileExecutor | None = None
+        # Dropped without shutdown(): let its workers go back to the pool once they are idle,
+        # rather than holding them until their idle timeout.
+        weakref.finalize(self, self._core.abandon).atexit = False
 
     @property
     def max_workers(self) -> int:
@@ -752,6 +764,7 @@ class PrecompileExecutor(Executor):
         view = object.__new__(PrecompileExecutor)
         view._core = self._core
         view._options = opts
+        view._parent = self._parent or self  # keeps the executor (and its finalizer) alive
         return view
 
     # -- workers ---------------------------------------------------------------------------------

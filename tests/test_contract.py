@@ -321,3 +321,14 @@ def test_import_does_not_import_torch_or_triton() -> None:
     code = "import sys, precompile_executor; print('torch' in sys.modules, 'triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_dropped_executor_returns_its_workers_to_the_pool() -> None:
+    import gc
+
+    executor = PrecompileExecutor(1)
+    pid = executor.options(timeout=30).submit(os.getpid).result(timeout=30)
+    del executor
+    gc.collect()
+    with PrecompileExecutor(1) as again:
+        assert again.submit(os.getpid).result(timeout=30) == pid
