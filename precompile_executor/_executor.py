@@ -309,7 +309,7 @@ class _Core:
         return actions
 
     def _start_workers_if_needed(self, busy: int, idle: int) -> list[tuple[str, Any, Any]]:
-        waiting = sum(1 for _, t in self.queues["spawn"] if not t.future.cancelled())
+        waiting = len(self.queues["spawn"])  # may count a cancelled one: harmless, O(1)
         if not waiting:
             return []
         spawn_workers = sum(1 for w in self.workers if w.kind == "spawn")
@@ -646,7 +646,9 @@ class PrecompileExecutor(Executor):
         """
         return self._submit(self._options, [(fn, args, kwargs)], chunked=False)
 
-    def _submit(self, opts: _Options, calls: list[Call], *, chunked: bool) -> Future[Any]:
+    def _submit(
+        self, opts: _Options, calls: list[Call], *, chunked: bool, fn_blob: bytes | None = None
+    ) -> Future[Any]:
         fn = calls[0][0]
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__} {_short_repr(fn)}")
@@ -656,7 +658,10 @@ class PrecompileExecutor(Executor):
         blob = None
         if path == "spawn":
             try:
-                blob = cloudpickle.dumps(calls)
+                # fn and the arguments travel apart, so map() pickles fn once, not per task.
+                if fn_blob is None:
+                    fn_blob = cloudpickle.dumps(fn)
+                blob = pickle.dumps((fn_blob, cloudpickle.dumps([(a, k) for _, a, k in calls])))
             except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
                 if opts.path == "auto":
                     path = "fork"
@@ -724,11 +729,21 @@ class PrecompileExecutor(Executor):
         end = None if timeout is None else time.monotonic() + timeout
         arg_tuples = zip(*iterables, strict=False)
         futures: list[Future[Any]] = []
+        fn_blob = None
+        if opts.path != "fork" and callable(fn):
+            try:
+                fn_blob = cloudpickle.dumps(fn)
+            except Exception:  # noqa: BLE001 - _submit reports it (or forks) per task
+                fn_blob = None
         if chunksize == 1:
-            futures = [self._submit(opts, [(fn, a, {})], chunked=False) for a in arg_tuples]
+            futures = [
+                self._submit(opts, [(fn, a, {})], chunked=False, fn_blob=fn_blob)
+                for a in arg_tuples
+            ]
         else:
             while chunk := list(itertools.islice(arg_tuples, chunksize)):
-                futures.append(self._submit(opts, [(fn, a, {}) for a in chunk], chunked=True))
+                calls: list[Call] = [(fn, a, {}) for a in chunk]
+                futures.append(self._submit(opts, calls, chunked=True, fn_blob=fn_blob))
         return _results(futures, end, chunked=chunksize > 1)
 
     def options(

@@ -21,6 +21,7 @@ import os
 import pickle
 import re
 import secrets
+import selectors
 import shutil
 import socket
 import sys
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Literal
 
 import loky
@@ -97,6 +98,7 @@ class Hub:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        self._pid = os.getpid()
         self._dir = tempfile.mkdtemp(prefix="precompile-executor-")
         self.address = os.path.join(self._dir, "hub.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -331,20 +333,42 @@ class Hub:
     # -- the monitor thread --------------------------------------------------------------------
 
     def _monitor(self) -> None:
+        # One persistent poll set, synchronised with the live sockets each round: cheaper per
+        # event than building a new selector for every wait. poll, not epoll: epoll watches open
+        # file descriptions, and a forked child holding a copy of a socket we closed would keep
+        # firing events under an fd number that may belong to a new socket by then. Sockets are
+        # registered by fd (a closed Connection can no longer say its fd).
+        selector = selectors.PollSelector()
+        selector.register(self._listener.fileno(), selectors.EVENT_READ, "listener")
+        selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        watched: dict[Connection, int] = {}
         while not self._closed:
             with self.lock:
-                conns: list[Any] = [*self._conns, *self._unknown]
+                live = {*self._conns, *self._unknown}
                 timeout = self._next_timer()
-            ready = wait([self._listener, self._wake_r, *conns], timeout)
-            for obj in ready:
-                if obj is self._listener:
+            for conn in [c for c in watched if c not in live]:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    selector.unregister(watched[conn])
+                del watched[conn]
+            for conn in live:
+                if conn in watched:
+                    continue
+                try:
+                    fd = conn.fileno()
+                    selector.register(fd, selectors.EVENT_READ, conn)
+                except (KeyError, ValueError, OSError):
+                    continue  # closed meanwhile: its end is handled elsewhere
+                watched[conn] = fd
+            for key, _ in selector.select(timeout):
+                if key.data == "listener":
                     self._accept()
-                elif obj == self._wake_r:
+                elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError, OSError):
                         os.read(self._wake_r, 4096)
-                elif isinstance(obj, Connection):
-                    self._readable(obj)
+                else:
+                    self._readable(key.data)
             self._check_timers()
+        selector.close()
 
     def _accept(self) -> None:
         while True:
@@ -546,6 +570,8 @@ class Hub:
 
     def close(self) -> None:
         """Stop every worker (at interpreter exit): idle ones cleanly, busy ones killed."""
+        if os.getpid() != self._pid:
+            return  # a forked child (e.g. a fork-started pool's worker) exiting: not ours
         with self.lock:
             if self._closed:
                 return

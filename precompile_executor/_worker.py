@@ -3,8 +3,8 @@
 Nothing here imports the parent-side executor. A worker talks to the parent over one
 ``multiprocessing.connection`` socket with two kinds of message:
 
-* parent → worker: ``("run", task_id, n_calls, want_output, blob)`` where ``blob`` is the
-  cloudpickled list of ``(fn, args, kwargs)`` calls, or ``("stop",)``;
+* parent → worker: ``("run", task_id, n_calls, want_output, blob)`` where ``blob`` pickles
+  ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``, or ``("stop",)``;
 * worker → parent: ``("hello", token, pid, error_record_or_None)`` once, then
   ``("done", task_id, outcomes, output_or_None)`` per task, where each outcome is
   ``(True, cloudpickled_value)`` or ``(False, ErrorRecord)``.
@@ -166,7 +166,9 @@ def execute(
     pid = os.getpid()
     capture.reset()
     try:
-        calls = cloudpickle.loads(blob)
+        fn_blob, args_blob = pickle.loads(blob)
+        fn = cloudpickle.loads(fn_blob)
+        calls = [(fn, args, kwargs) for args, kwargs in cloudpickle.loads(args_blob)]
     except BaseException as exc:  # noqa: BLE001 - e.g. a module missing in the worker
         outcomes: list[Outcome] = [(False, _record(exc, pid))] * n_calls
     else:
