@@ -88,3 +88,18 @@ def print_and_return(text: str) -> str:
     print(text)
     os.write(2, b"fd2 line\n")
     return text.upper()
+
+
+def _refuse_to_rebuild() -> None:
+    raise RuntimeError("this object cannot be rebuilt in the parent")
+
+
+class BreaksOnUnpickle:
+    """Pickles fine in the worker; unpickling it (in the parent) raises."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_refuse_to_rebuild, ())
+
+
+def result_that_breaks_on_unpickle() -> BreaksOnUnpickle:
+    return BreaksOnUnpickle()

@@ -234,3 +234,15 @@ def test_remote_error_survives_pickling_and_shows_traceback() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, crashers.NeedsTwoArgs)
     assert str(again) == str(error)
+
+
+@pytest.mark.parametrize("path", ["spawn", "fork"])
+def test_result_that_cannot_be_unpickled_fails_its_task_only(path: str) -> None:
+    with PrecompileExecutor(1, path=path) as executor:  # type: ignore[arg-type]
+        bad = executor.submit(crashers.result_that_breaks_on_unpickle)
+        good = executor.submit(crashers.square, 6)
+        error = bad.exception(timeout=30)
+        assert isinstance(error, ResultSerializationError)
+        assert "could not be unpickled in the parent" in str(error)
+        assert "cannot be rebuilt" in str(error)
+        assert good.result(timeout=30) == 36
