@@ -115,11 +115,12 @@ class Hub:
         self.workers: set[Worker] = set()
         self._closed = False
         self._capture_ids = itertools.count(1)
+        self._retiring: list[threading.Thread] = []
+        self._to_close: list[Connection] = []
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
         self._thread.start()
-        self._retiring: list[threading.Thread] = []
 
     def _register_exit_hook(self) -> None:
         # loky adds its exit hook (which joins its executors, so waits for our serve loops) each
@@ -240,11 +241,21 @@ class Hub:
         owner, worker.owner = worker.owner, None
         return owner
 
+    def _close_conn(self, conn: Connection) -> None:
+        """Close a worker socket. Only the monitor closes sockets while it runs: closing one it
+        may be reading would free the fd for reuse under its feet."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            with contextlib.suppress(OSError):
+                conn.close()
+            return
+        with self.lock:
+            self._to_close.append(conn)
+        self.wake()
+
     def _retire(self, worker: Worker) -> None:
         """Release a dead or stopped worker's resources (no lock needed)."""
         if worker.conn is not None:
-            with contextlib.suppress(OSError):
-                worker.conn.close()
+            self._close_conn(worker.conn)
         if worker.pid:
             self.guardian.forget(worker.pid)
         executor = worker.loky
@@ -343,32 +354,48 @@ class Hub:
         selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         watched: dict[Connection, int] = {}
         while not self._closed:
-            with self.lock:
-                live = {*self._conns, *self._unknown}
-                timeout = self._next_timer()
-            for conn in [c for c in watched if c not in live]:
-                with contextlib.suppress(KeyError, ValueError, OSError):
-                    selector.unregister(watched[conn])
-                del watched[conn]
-            for conn in live:
-                if conn in watched:
-                    continue
-                try:
-                    fd = conn.fileno()
-                    selector.register(fd, selectors.EVENT_READ, conn)
-                except (KeyError, ValueError, OSError):
-                    continue  # closed meanwhile: its end is handled elsewhere
-                watched[conn] = fd
-            for key, _ in selector.select(timeout):
-                if key.data == "listener":
-                    self._accept()
-                elif key.data == "wake":
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        os.read(self._wake_r, 4096)
-                else:
-                    self._readable(key.data)
-            self._check_timers()
+            try:
+                self._monitor_round(selector, watched)
+            except Exception:  # noqa: BLE001 - the monitor must never die: log and go on
+                log.exception("precompile_executor monitor: unexpected error (continuing)")
+                time.sleep(0.01)
+        for conn in watched:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                selector.unregister(watched[conn])
         selector.close()
+
+    def _monitor_round(
+        self, selector: selectors.BaseSelector, watched: dict[Connection, int]
+    ) -> None:
+        with self.lock:
+            live = {*self._conns, *self._unknown}
+            to_close, self._to_close = self._to_close, []
+            timeout = self._next_timer()
+        for conn in [c for c in watched if c not in live]:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                selector.unregister(watched[conn])
+            del watched[conn]
+        for conn in to_close:  # unregistered above (no longer live), so safe to close now
+            with contextlib.suppress(OSError):
+                conn.close()
+        for conn in live:
+            if conn in watched:
+                continue
+            try:
+                fd = conn.fileno()
+                selector.register(fd, selectors.EVENT_READ, conn)
+            except (KeyError, ValueError, OSError):
+                continue  # closed meanwhile: its end is handled elsewhere
+            watched[conn] = fd
+        for key, _ in selector.select(timeout):
+            if key.data == "listener":
+                self._accept()
+            elif key.data == "wake":
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.read(self._wake_r, 4096)
+            else:
+                self._readable(key.data)
+        self._check_timers()
 
     def _accept(self) -> None:
         while True:
@@ -382,11 +409,10 @@ class Hub:
 
     def _readable(self, conn: Connection) -> None:
         try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
+            message = pickle.loads(conn.recv_bytes())
+        except Exception:  # noqa: BLE001 - EOF, a closed socket, a garbled stream: all the end
             self._eof(conn)
             return
-        message = pickle.loads(data)
         kind = message[0]
         if kind == "hello":
             self._hello(conn, message)
@@ -576,8 +602,15 @@ class Hub:
             if self._closed:
                 return
             self._closed = True
+        self.wake()
+        self._thread.join(timeout=5.0)  # no reads in flight from here on
+        with self.lock:
             workers = list(self.workers)
             unknown, self._unknown = self._unknown, []
+            to_close, self._to_close = self._to_close, []
+        for conn in to_close:
+            with contextlib.suppress(OSError):
+                conn.close()
         with contextlib.suppress(OSError):
             self._listener.close()
         for conn in unknown:

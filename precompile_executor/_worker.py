@@ -93,7 +93,9 @@ def read_capture_file(fd_or_path: int | str) -> str:
 
 STICKY_CUDA_ERROR = re.compile(
     r"illegal memory access|misaligned address|unspecified launch failure|illegal instruction"
-    r"|device-side assert|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUDA_ERROR_ILLEGAL_ADDRESS"
+    # not a bare "device-side assert": torch appends a hint naming it to every CUDA error
+    r"|device-side assert triggered|cudaErrorIllegalAddress|cudaErrorLaunchFailure"
+    r"|CUDA_ERROR_ILLEGAL_ADDRESS"
     r"|cudaErrorMisalignedAddress|CUDA_ERROR_MISALIGNED_ADDRESS|CUDA_ERROR_LAUNCH_FAILED",
     re.IGNORECASE,
 )

@@ -245,7 +245,8 @@ class DeviceIdentity:
 
     Attributes:
         kind: ``"cuda"`` or ``"cpu"``.
-        uuid: the GPU's UUID (stable across processes and ``CUDA_VISIBLE_DEVICES``), or ``"cpu"``.
+        uuid: the GPU's UUID as ``nvidia-smi -L`` prints it (``"GPU-681e12d9-..."``), the same
+            whatever ``CUDA_VISIBLE_DEVICES`` says; ``"cpu"`` without a GPU.
         name: e.g. ``"NVIDIA H200"``.
         pci_bus_id: ``"0000:19:00.0"``-style bus id where torch reports it, else ``""``.
         pinned: the device this worker was pinned to (``devices=[...]``), or ``None``.
@@ -279,7 +280,10 @@ def device_identity() -> DeviceIdentity:
             f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:"
             f"{getattr(props, 'pci_device_id', 0):02x}.0"
         )
-    _identity = DeviceIdentity("cuda", str(props.uuid), props.name, bus, worker_device())
+    uuid = str(props.uuid)
+    if not uuid.startswith("GPU-"):  # torch prints the bare hex; nvidia-smi says "GPU-<hex>"
+        uuid = "GPU-" + uuid
+    _identity = DeviceIdentity("cuda", uuid, props.name, bus, worker_device())
     return _identity
 
 

@@ -65,3 +65,19 @@ def test_sticky_cuda_error_retires_only_that_worker_and_keeps_balance() -> None:
 def test_bad_devices(bad: object) -> None:
     with pytest.raises((TypeError, ValueError), match="devices"):
         PrecompileExecutor(2, devices=bad)  # type: ignore[arg-type]
+
+
+def _not_sticky() -> None:
+    raise RuntimeError(
+        "CUDA error: invalid device ordinal\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+        "device-side assertions."
+    )
+
+
+def test_a_non_sticky_cuda_error_keeps_its_worker() -> None:
+    with PrecompileExecutor(1) as executor:
+        (pid,) = executor.warm_up(timeout=60)
+        error = executor.submit(_not_sticky).exception(timeout=30)
+        assert isinstance(error, RuntimeError) and error.worker_pid == pid  # type: ignore[attr-defined]
+        assert executor.submit(os.getpid).result(timeout=30) == pid
+        assert executor.statistics().worker_restarts == 0

@@ -381,11 +381,6 @@ def _non_sticky_cuda_error() -> None:
     )
 
 
-@pytest.mark.xfail(
-    reason="core: STICKY_CUDA_ERROR matches 'device-side assert' in the hint torch appends to "
-    "every CUDA error, so a non-sticky error retires its worker too",
-    strict=True,
-)
 @pytest.mark.timeout(120)
 def test_a_non_sticky_cuda_error_keeps_its_worker() -> None:
     """The hint text is torch 2.11's, as printed on the H200 machine (docs/gpu-runs.md)."""

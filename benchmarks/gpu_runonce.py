@@ -1,0 +1,571 @@
+"""Run-once GPU batches: compile and run every matmul config once, the ways an autotuner can.
+
+Usage (from the repository root, on a machine with one or more CUDA GPUs)::
+
+    python -m benchmarks.gpu_runonce                 # 64 configs, 16 workers, every GPU
+    python -m benchmarks.gpu_runonce --quick         # 8 configs, 4 workers, small sizes
+    python -m benchmarks.gpu_runonce --json out.json # also write the figures as JSON
+
+What it measures, in one process and one run (so the figures share a machine state):
+
+1. **Autotune batch, one GPU** — ``--configs`` matmul configs (``benchmarks._kernels``), each
+   compiled and run once on GPU 0 with ``--workers`` at a time, each strategy with a fresh
+   Triton cache:
+
+   * *seed fork*: Helion's fork mode — one forked child per config compiles it (no CUDA in the
+     child: the JIT runs under the compile-only driver), then the parent runs each config once,
+     one after another (a cache hit each);
+   * *seed spawn*: Helion's spawn mode — one fresh interpreter per config imports torch and
+     Triton, loads the arguments from the file written once with ``torch.save``, compiles,
+     and runs the kernel between device synchronisations;
+   * *ours*: warm ``PrecompileExecutor`` workers pinned to GPU 0 run ``run_once`` tasks with
+     ``share_args`` arguments (loaded once per worker);
+   * *ideal*: ``max(sum(compile) / workers, longest compile + run, sum(run) / GPUs)``, from
+     the compile times the workers measured and each kernel's time alone on a GPU (CUDA events,
+     measured in this process after the batch).
+
+2. **The same batch on every GPU** — ours with ``devices=[0, 1, ...]``: the ratio to one GPU.
+3. **Run-phase scaling** — the same configs on a ``--big`` matmul (compiles cached), run once
+   per config on one GPU and on every GPU, twice each; the ratio of the second passes.
+4. **Shared arguments vs pickled** — one compiled config run ``--configs`` times with the
+   arguments shared (loaded once per worker) or sent with each task (pickled in the caller,
+   copied to the GPU in the worker every time).
+
+Timeouts bound every task (``--timeout``); a failed config is counted, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import functools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import triton
+
+from benchmarks import _kernels, _seed
+from precompile_executor import PrecompileExecutor, stop_idle_workers
+from precompile_executor.gpu import RunOnce, RunReport, SharedArgs, run_once, share_args
+from precompile_executor.triton import TensorSpec, classify, compile_only_driver, parse_target
+
+TARGET = "cuda:90"
+"""What the fork-mode children compile for (the H100/H200); a launch here must hit their cache."""
+
+
+# -- tasks (module level: workers and fresh interpreters import them by reference) ------------
+
+
+def matmul_kwargs(cfg: _kernels.Config) -> dict[str, Any]:
+    """The launch keyword arguments of one ``(BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)``."""
+    bm, bn, bk, stages, warps = cfg
+    return {
+        "BLOCK_M": bm,
+        "BLOCK_N": bn,
+        "BLOCK_K": bk,
+        "GROUP_M": 8,
+        "num_stages": stages,
+        "num_warps": warps,
+    }
+
+
+def matmul_grid(meta: Any) -> tuple[int]:
+    """One program per output tile."""
+    return (triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"]),)
+
+
+def matmul_args(size: int, device: str) -> tuple[Any, ...]:
+    """``(a, b, c, M, N, K, strides...)`` of a ``size``-cubed fp16 matmul."""
+    a = torch.randn(size, size, dtype=torch.float16, device=device)
+    b = torch.randn(size, size, dtype=torch.float16, device=device)
+    c = torch.empty(size, size, dtype=torch.float16, device=device)
+    return (a, b, c, size, size, size, *a.stride(), *b.stride(), *c.stride())
+
+
+def in_cache(cache_dir: str, task: RunOnce) -> RunReport:
+    """Run ``task`` with Triton's cache in ``cache_dir`` (each strategy starts empty)."""
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    return task()
+
+
+def warm_worker(delay_s: float) -> int:
+    """What a worker that served an earlier batch has done: CUDA up, compiler libraries loaded."""
+    cache = tempfile.mkdtemp(prefix="bench-warm-")
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        x = torch.ones(4096, device="cuda")
+        _kernels.scale[(4,)](x, torch.empty_like(x), 4096, BLOCK=1024)
+        torch.cuda.synchronize()
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+        shutil.rmtree(cache, ignore_errors=True)
+    time.sleep(delay_s)
+    return os.getpid()
+
+
+def fork_compile(cfg: _kernels.Config, size: int, cache_dir: str) -> float:
+    """Seed fork mode, child side: compile one config, as the JIT would for the real launch."""
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    a = TensorSpec("fp16", (size, size))
+    specs = (a, a, a, size, size, size, *a.stride(), *a.stride(), *a.stride())
+    start = time.perf_counter()
+    with compile_only_driver(parse_target(TARGET)):
+        _kernels.matmul.warmup(*specs, grid=(1,), **matmul_kwargs(cfg))
+    return time.perf_counter() - start
+
+
+def _tag(name: str) -> None:
+    """Initializer: gives each strategy's executor a pool of its own (fresh, cold JIT caches)."""
+    os.environ["PRECOMPILE_BENCH_POOL"] = name
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _sh(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"({exc})"
+
+
+def machine() -> dict[str, Any]:
+    """Date, GPUs, driver, versions and cores: printed beside every figure."""
+    import cloudpickle
+    import loky
+
+    gpus = _sh("nvidia-smi", "--query-gpu=index,name,driver_version,pci.bus_id", "--format=csv")
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "gpus": gpus.splitlines()[1:],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "loky": loky.__version__,
+        "cloudpickle": cloudpickle.__version__,
+        "cores": len(os.sched_getaffinity(0)),
+    }
+
+
+@contextlib.contextmanager
+def fresh_cache(label: str) -> Iterator[str]:
+    """A new empty Triton cache directory, removed afterwards."""
+    path = tempfile.mkdtemp(prefix=f"bench-gpu-{label}-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def warm_pool(pool: PrecompileExecutor, workers: int, timeout: float) -> None:
+    """Start every worker and give each one the state an earlier batch would have left."""
+    pool.warm_up(timeout=timeout)
+    futures = [pool.submit(warm_worker, 0.5) for _ in range(workers)]
+    pids = {f.result(timeout=timeout) for f in futures}
+    if len(pids) < workers:
+        print(f"  (warm-up reached {len(pids)} of {workers} workers)")
+
+
+def run_batch(
+    pool: PrecompileExecutor, tasks: Sequence[Callable[[], Any]], timeout: float
+) -> tuple[float, list[RunReport], list[str]]:
+    """Submit every task, wait for all; return wall seconds, the reports and the failures."""
+    start = time.perf_counter()
+    futures = [pool.submit(task) for task in tasks]
+    reports: list[RunReport] = []
+    failures: list[str] = []
+    for future in futures:
+        try:
+            reports.append(future.result(timeout=timeout))
+        except Exception as exc:  # noqa: BLE001 - counted and shown, never fatal
+            failures.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    return time.perf_counter() - start, reports, failures
+
+
+def kernel_times(
+    configs: Sequence[_kernels.Config], args: tuple[Any, ...], cache_dir: str
+) -> dict[str, float]:
+    """Each config's kernel time alone on the GPU (CUDA events around a second launch, here).
+
+    A worker's ``launch_s`` is no GPU cost: it includes the time slices that other processes'
+    kernels took on the same GPU. The configs are compiled already (``cache_dir``).
+    """
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    times: dict[str, float] = {}
+    try:
+        for cfg in configs:
+            kwargs = matmul_kwargs(cfg)
+            _kernels.matmul[matmul_grid](*args, **kwargs)  # loads the module
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            _kernels.matmul[matmul_grid](*args, **kwargs)
+            end.record()
+            end.synchronize()
+            times[run_once(_kernels.matmul, (), grid=matmul_grid, **kwargs).label] = (
+                start.elapsed_time(end) / 1000
+            )
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+    return times
+
+
+def ideal_s(
+    reports: Sequence[RunReport], alone: dict[str, float], workers: int, gpus: int
+) -> float:
+    """The batch's lower bound: ``max(sum(compile) / workers, longest compile + run, sum(run) /
+    GPUs)``, from the workers' compile times and each kernel's time alone on a GPU."""
+    if not reports:
+        return float("nan")
+    runs = [alone.get(r.label, 0.0) for r in reports]
+    return max(
+        sum(r.compile_s for r in reports) / workers,
+        max(r.compile_s + run for r, run in zip(reports, runs, strict=True)),
+        sum(runs) / gpus,
+    )
+
+
+def _line(label: str, wall: float, extra: str = "") -> None:
+    print(f"  {label:<34} {wall:8.2f} s  {extra}")
+
+
+# -- the scenarios ------------------------------------------------------------------------------
+
+
+def seed_fork(
+    configs: Sequence[_kernels.Config], size: int, workers: int, timeout: float
+) -> dict[str, Any]:
+    """Forked children compile, then this process runs each config once (Helion's fork mode)."""
+    args = matmul_args(size, "cuda")
+    hits: list[bool] = []
+
+    def listen(
+        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
+    ) -> None:
+        hits.append(cache_hit)
+
+    with fresh_cache("fork") as cache_dir:
+        previous = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = cache_dir
+        try:
+            start = time.perf_counter()
+            calls = [(fork_compile, (cfg, size, cache_dir)) for cfg in configs]
+            outcomes = _seed.run_forked(calls, workers, timeout)
+            compiled = time.perf_counter() - start
+            failures = [o.error for o in outcomes if not o.ok]
+            with triton.knobs.compilation.scope():
+                triton.knobs.compilation.listener = listen
+                for cfg, outcome in zip(configs, outcomes, strict=True):
+                    if not outcome.ok:
+                        continue
+                    try:
+                        torch.cuda.synchronize()
+                        _kernels.matmul[matmul_grid](*args, **matmul_kwargs(cfg))
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # noqa: BLE001
+                        failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+            wall = time.perf_counter() - start
+        finally:
+            if previous is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
+    return {
+        "wall_s": wall,
+        "compile_phase_s": compiled,
+        "run_phase_s": wall - compiled,
+        "parent_cache_hits": sum(hits),
+        "parent_compiles": len(hits) - sum(hits),
+        "failures": failures,
+    }
+
+
+def seed_spawn(
+    configs: Sequence[_kernels.Config], size: int, workers: int, timeout: float
+) -> dict[str, Any]:
+    """One fresh interpreter per config loads the args file, compiles and runs (spawn mode)."""
+    args = matmul_args(size, "cuda")
+    with fresh_cache("spawn") as cache_dir:
+        start = time.perf_counter()
+        with share_args(args) as shared:
+            calls = [
+                (
+                    in_cache,
+                    (
+                        cache_dir,
+                        run_once(_kernels.matmul, shared, grid=matmul_grid, **matmul_kwargs(cfg)),
+                    ),
+                )
+                for cfg in configs
+            ]
+            outcomes = _seed.run_spawned(calls, workers, timeout)
+        wall = time.perf_counter() - start
+    reports = [o.value for o in outcomes if o.ok]
+    return {
+        "wall_s": wall,
+        "failures": [o.error for o in outcomes if not o.ok],
+        "mean_child_s": statistics.mean(o.ended - o.started for o in outcomes),
+        "mean_compile_s": statistics.mean(r.compile_s for r in reports) if reports else None,
+    }
+
+
+def matmul_tasks(
+    configs: Sequence[_kernels.Config], args: SharedArgs | tuple[Any, ...], cache_dir: str
+) -> list[Callable[[], RunReport]]:
+    """One picklable run-once task per config, compiling into ``cache_dir``."""
+    return [
+        functools.partial(
+            in_cache,
+            cache_dir,
+            run_once(_kernels.matmul, args, grid=matmul_grid, **matmul_kwargs(cfg)),
+        )
+        for cfg in configs
+    ]
+
+
+def ours(
+    pool: PrecompileExecutor,
+    configs: Sequence[_kernels.Config],
+    args: tuple[Any, ...],
+    cache_dir: str,
+    timeout: float,
+) -> tuple[float, list[RunReport], list[str]]:
+    """One run-once batch on warm workers with shared arguments (the file write included)."""
+    start = time.perf_counter()
+    with share_args(args) as shared:
+        _, reports, failures = run_batch(pool, matmul_tasks(configs, shared, cache_dir), timeout)
+    return time.perf_counter() - start, reports, failures
+
+
+def _per_gpu(reports: Sequence[RunReport]) -> str:
+    counts = collections.Counter(f"{r.device.pinned}={r.device.uuid[-8:]}" for r in reports)
+    return ", ".join(f"{k}: {v} tasks" for k, v in sorted(counts.items()))
+
+
+def scenario_seeds(opts: argparse.Namespace, configs: Sequence[_kernels.Config]) -> dict[str, Any]:
+    """1a. Helion's fork and spawn modes on one GPU."""
+    fork = seed_fork(configs, opts.size, opts.workers, opts.timeout)
+    _line(
+        "seed fork (fork compile + parent run)",
+        fork["wall_s"],
+        f"compile phase {fork['compile_phase_s']:.2f} s, run phase {fork['run_phase_s']:.2f} s, "
+        f"parent cache hits {fork['parent_cache_hits']}/"
+        f"{fork['parent_cache_hits'] + fork['parent_compiles']}, "
+        f"failures {len(fork['failures'])}",
+    )
+    spawn = seed_spawn(configs, opts.size, opts.workers, opts.timeout)
+    _line(
+        "seed spawn (interpreter per config)",
+        spawn["wall_s"],
+        f"mean child {spawn['mean_child_s']:.2f} s, failures {len(spawn['failures'])}",
+    )
+    for failure in fork["failures"][:3] + spawn["failures"][:3]:
+        print("    failure:", failure)
+    return {"seed_fork": fork, "seed_spawn": spawn}
+
+
+def scenario_batch(
+    opts: argparse.Namespace,
+    configs: Sequence[_kernels.Config],
+    pool: PrecompileExecutor,
+    gpus: int,
+    cache_dir: str,
+) -> dict[str, Any]:
+    """1b/2. Ours: one run-once batch on a warm pool; the ideal from its own task times."""
+    args = matmul_args(opts.size, "cuda")
+    wall, reports, failures = ours(pool, configs, args, cache_dir, opts.timeout)
+    alone = kernel_times(configs, args, cache_dir)
+    ideal = ideal_s(reports, alone, opts.workers, gpus)
+    compile_s = sum(r.compile_s for r in reports)
+    run_s = sum(r.launch_s for r in reports)
+    _line(
+        f"ours, warm pool, {gpus} GPU(s)",
+        wall,
+        f"failures {len(failures)}, sum compile {compile_s:.1f} s, sum launch-to-sync "
+        f"{run_s:.2f} s (GPU shared by {opts.workers // gpus} workers)",
+    )
+    _line(
+        f"ideal, {gpus} GPU(s)",
+        ideal,
+        f"max(sum compile/workers, longest compile+run, sum run alone {sum(alone.values()):.2f} s"
+        f"/GPUs)",
+    )
+    print(f"    tasks per GPU: {_per_gpu(reports)}")
+    for failure in failures[:3]:
+        print("    failure:", failure)
+    return {
+        "wall_s": wall,
+        "ideal_s": ideal,
+        "sum_compile_s": compile_s,
+        "sum_launch_s": run_s,
+        "sum_kernel_alone_s": sum(alone.values()),
+        "longest_compile_s": max((r.compile_s for r in reports), default=0.0),
+        "failures": failures,
+        "per_gpu": _per_gpu(reports),
+    }
+
+
+def scenario_run_phase(
+    opts: argparse.Namespace,
+    configs: Sequence[_kernels.Config],
+    pools: Sequence[tuple[str, PrecompileExecutor, str]],
+) -> dict[str, list[float]]:
+    """3. Every config run once on a large matmul, compiles cached, two passes per pool."""
+    walls: dict[str, list[float]] = {}
+    big = matmul_args(opts.big, "cuda")
+    with share_args(big) as shared:
+        del big
+        for label, pool, cache_dir in pools:
+            tasks = matmul_tasks(configs, shared, cache_dir)
+            walls[label] = []
+            for attempt in (1, 2):
+                wall, reports, failures = run_batch(pool, tasks, opts.timeout)
+                walls[label].append(wall)
+                _line(
+                    f"{label}, pass {attempt}",
+                    wall,
+                    f"sum run {sum(r.launch_s for r in reports):.2f} s, sum load "
+                    f"{sum(r.load_s for r in reports):.2f} s, failures {len(failures)}",
+                )
+    torch.cuda.empty_cache()
+    return walls
+
+
+def scenario_args(
+    opts: argparse.Namespace, configs: Sequence[_kernels.Config], pool: PrecompileExecutor
+) -> dict[str, Any]:
+    """4. One compiled config, run len(configs) times: shared arguments vs pickled per task."""
+    args = matmul_args(opts.size, "cpu")
+    mib = sum(a.numel() * a.element_size() for a in args[:3]) / 2**20
+    one_config = [configs[0]]
+    with fresh_cache("args") as cache_dir:
+        # Compile the config on every worker first: this scenario measures the arguments only.
+        run_batch(pool, matmul_tasks(one_config, args, cache_dir) * opts.workers, opts.timeout)
+        start = time.perf_counter()
+        with share_args(args) as shared:
+            tasks = matmul_tasks(one_config, shared, cache_dir) * len(configs)
+            _, shared_reports, _ = run_batch(pool, tasks, opts.timeout)
+        shared_s = time.perf_counter() - start
+        start = time.perf_counter()
+        tasks = matmul_tasks(one_config, args, cache_dir) * len(configs)
+        _, pickled_reports, _ = run_batch(pool, tasks, opts.timeout)
+        pickled_s = time.perf_counter() - start
+    loads = sum(r.args_loaded for r in shared_reports)
+    _line(
+        "shared (torch.save once)",
+        shared_s,
+        f"{loads} loads of {mib:.0f} MiB, sum load {sum(r.load_s for r in shared_reports):.2f} s",
+    )
+    _line(
+        "pickled with every task",
+        pickled_s,
+        f"{len(pickled_reports)} loads of {mib:.0f} MiB, sum load "
+        f"{sum(r.load_s for r in pickled_reports):.2f} s",
+    )
+    print(f"  pickled / shared = {pickled_s / shared_s:.2f}x")
+    return {"shared_s": shared_s, "pickled_s": pickled_s, "mib": mib, "shared_loads": loads}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every scenario and print the figures (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--configs", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--size", type=int, default=4096, help="matmul size of the batch")
+    parser.add_argument("--big", type=int, default=16384, help="matmul size of the run phase")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per task")
+    parser.add_argument("--quick", action="store_true", help="8 configs, 4 workers, small sizes")
+    parser.add_argument("--skip-seed", action="store_true", help="leave out the seed modes")
+    parser.add_argument("--json", help="also write the figures to this file")
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.configs, opts.workers, opts.size, opts.big = 8, 4, 1024, 2048
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure")
+        return 2
+    gpus = list(range(torch.cuda.device_count()))
+    configs = _kernels.configs(opts.configs, quick=False)
+    results: dict[str, Any] = {"machine": machine(), "options": vars(opts)}
+    print("machine:", json.dumps(results["machine"], indent=1))
+    print(
+        f"batch: {len(configs)} matmul configs, {opts.size}^3 fp16, {opts.workers} workers, "
+        f"GPUs {gpus}; run phase {opts.big}^3; timeout {opts.timeout:g} s per task"
+    )
+
+    print("\n1. autotune batch (compile + run once), one GPU, a fresh Triton cache each")
+    if not opts.skip_seed:  # first: forking is safest before this process has pools' threads
+        results.update(scenario_seeds(opts, configs))
+    common: dict[str, Any] = {"timeout": opts.timeout, "classify": classify}
+    one = PrecompileExecutor(opts.workers, devices=[0], initializer=_tag, initargs=("1",), **common)
+    every = PrecompileExecutor(
+        opts.workers, devices=gpus, initializer=_tag, initargs=("n",), **common
+    )
+    try:
+        with fresh_cache("ours1") as cache1, fresh_cache("oursN") as cache_n:
+            warm_pool(one, opts.workers, opts.timeout)
+            results["ours_1gpu"] = b1 = scenario_batch(opts, configs, one, 1, cache1)
+            if not opts.skip_seed:
+                fork_s, spawn_s = results["seed_fork"]["wall_s"], results["seed_spawn"]["wall_s"]
+                print(
+                    f"  seed fork / ours = {fork_s / b1['wall_s']:.2f}x, seed spawn / ours = "
+                    f"{spawn_s / b1['wall_s']:.2f}x, ours / ideal = "
+                    f"{b1['wall_s'] / b1['ideal_s']:.2f}x"
+                )
+
+            print(f"\n2. the same batch on GPUs {gpus} (a fresh pool and cache)")
+            warm_pool(every, opts.workers, opts.timeout)
+            results["ours_ngpu"] = bn = scenario_batch(opts, configs, every, len(gpus), cache_n)
+            print(f"  1 GPU / {len(gpus)} GPUs = {b1['wall_s'] / bn['wall_s']:.2f}x")
+
+            print(f"\n3. run phase: {opts.big}^3 matmul, compiled configs, 1 GPU vs {len(gpus)}")
+            label_n = f"{len(gpus)} GPUs"
+            walls = scenario_run_phase(
+                opts, configs, [("1 GPU", one, cache1), (label_n, every, cache_n)]
+            )
+            ratio = walls["1 GPU"][1] / walls[label_n][1]
+            print(f"  1 GPU / {len(gpus)} GPUs = {ratio:.2f}x (second passes)")
+            results["run_phase"] = {"walls": walls, "ratio": ratio}
+
+        print(
+            f"\n4. shared arguments vs pickled with every task ({opts.size}^3 fp16 arguments, "
+            f"one compiled config, {len(configs)} tasks, GPUs {gpus})"
+        )
+        results["args"] = scenario_args(opts, configs, every)
+    finally:
+        for pool in (one, every):
+            pool.shutdown(wait=True)
+        stop_idle_workers()
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run main() from the module's importable name, so that its tasks pickle by reference (a
+    # fresh interpreter of the seed's spawn mode cannot import anything from this __main__).
+    from benchmarks import gpu_runonce
+
+    sys.exit(gpu_runonce.main())
