@@ -225,9 +225,11 @@ class _Core:
         classify: Callable[[BaseException], Classification] | None,
         ignore_errors: bool,
         devices: tuple[str, ...] | None = None,
+        spare_workers: int = 0,
     ) -> None:
         self.hub = hub
         self.devices = devices
+        self.spare_workers = spare_workers
         self.max_workers = max_workers
         self.init_blob = init_blob
         self.key = init_blob or b""
@@ -316,7 +318,8 @@ class _Core:
         starting = sum(1 for w in self.workers if w.state == "starting")
         want = min(waiting, self.max_workers - busy) - idle - starting
         room = self.max_workers - spawn_workers
-        return [("start", self._new_worker(), None) for _ in range(max(0, min(want, room)))]
+        starts = [("start", self._new_worker(), None) for _ in range(max(0, min(want, room)))]
+        return starts + self.spares_needed() if starts else starts
 
     def device_key(self, device: str | None) -> bytes:
         """The pool key of this executor's workers pinned to ``device``."""
@@ -349,6 +352,26 @@ class _Core:
             if worker is not None:
                 return worker
         return None
+
+    def spares_needed(self) -> list[tuple[str, Any, Any]]:
+        """Start actions that bring this executor's warm spares up to ``spare_workers``."""
+        if not self.spare_workers or self.shutdown:
+            return []
+        keys = {self.device_key(d) for d in (self.devices or [None])}
+        have = sum(
+            1
+            for w in self.hub.workers
+            if w.owner is None
+            and w.kind == "spawn"
+            and w.state in ("idle", "starting")
+            and w.key in keys
+        )
+        actions: list[tuple[str, Any, Any]] = []
+        for _ in range(self.spare_workers - have):
+            device = self._devices_least_used_first()[0]
+            spare = self.hub.new_spawn_worker(self.device_key(device), self.idle_timeout_s, device)
+            actions.append(("start", spare, None))  # unowned: joins the hub's pool when ready
+        return actions
 
     def _new_worker(self) -> Worker:
         device = self._devices_least_used_first()[0]
@@ -513,8 +536,16 @@ class _Core:
             if worker.kind == "spawn" and not expected:
                 self.restarts += 1
                 if not self.shutdown:
-                    # Keep the pool at strength so the next batch finds it warm.
-                    self.act_later([("start", self._new_worker(), None)])
+                    # Keep the pool at strength: a warm spare takes the dead worker's place at
+                    # once; without one, a replacement starts now, not when the next task comes.
+                    spare = self.take_pooled()
+                    if spare is not None:
+                        spare.owner = self
+                        spare.idle_timeout_s = self.idle_timeout_s
+                        self.workers.add(spare)
+                        self.act_later(self.spares_needed())
+                    else:
+                        self.act_later([("start", self._new_worker(), None), *self.spares_needed()])
             actions = self.pump()
             self.changed.notify_all()
         self.act(actions)
@@ -571,6 +602,10 @@ class PrecompileExecutor(Executor):
             the proxy as ``classification`` and used by :func:`wait_for_all`.
         ignore_errors: classify every failure as ``"debug"``.
         idle_timeout: seconds an idle worker stays alive; ``None`` keeps it until exit.
+        spare_workers: keep this many extra started workers idle in the pool, so a worker lost
+            to a crash, a timeout kill or a sticky CUDA error is replaced at once instead of
+            after an interpreter start plus the initializer (seconds with torch and triton).
+            Each spare costs a worker's memory.
         devices: pin spawn workers to these GPUs (``CUDA_VISIBLE_DEVICES`` set before each
             worker starts), spread evenly: ``max_workers=8, devices=[0, 1]`` gives 4 workers per
             GPU. A replacement worker goes to the device with the fewest. ``None``: no pinning.
@@ -591,6 +626,7 @@ class PrecompileExecutor(Executor):
         ignore_errors: bool = False,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
         devices: Sequence[int | str] | None = None,
+        spare_workers: int = 0,
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -604,6 +640,10 @@ class PrecompileExecutor(Executor):
             raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
         if classify is not None and not callable(classify):
             raise TypeError(f"classify must be callable or None, got {classify!r}")
+        if isinstance(spare_workers, bool) or not isinstance(spare_workers, int):
+            raise TypeError(f"spare_workers must be an int >= 0, got {spare_workers!r}")
+        if spare_workers < 0:
+            raise ValueError(f"spare_workers must be >= 0, got {spare_workers}")
         if not isinstance(ignore_errors, bool):
             raise TypeError(f"ignore_errors must be a bool, got {ignore_errors!r}")
         self._options = _Options(_check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
@@ -624,6 +664,7 @@ class PrecompileExecutor(Executor):
             classify,
             ignore_errors,
             _check_devices(devices),
+            spare_workers,
         )
         self._parent: PrecompileExecutor | None = None
         # Dropped without shutdown(): let its workers go back to the pool once they are idle,
@@ -805,6 +846,7 @@ class PrecompileExecutor(Executor):
                     core.workers.add(pooled)
                 else:
                     actions.append(("start", core._new_worker(), None))
+            actions += core.spares_needed()
         core.act(actions)
         with core.hub.lock:
             while True:

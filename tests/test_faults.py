@@ -246,3 +246,26 @@ def test_result_that_cannot_be_unpickled_fails_its_task_only(path: str) -> None:
         assert "could not be unpickled in the parent" in str(error)
         assert "cannot be rebuilt" in str(error)
         assert good.result(timeout=30) == 36
+
+
+@pytest.mark.timeout(90)
+def test_a_warm_spare_replaces_a_dead_worker_at_once(tmp_path: Path) -> None:
+    def init(marker_dir: str) -> None:
+        time.sleep(0.5)  # stands in for `import torch, triton`
+        with open(os.path.join(marker_dir, str(os.getpid())), "w"):
+            pass
+
+    with PrecompileExecutor(1, initializer=init, initargs=(str(tmp_path),), spare_workers=1) as ex:
+        (first,) = ex.warm_up(timeout=60)
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the spare finishes its initializer
+        warm_before_crash = {int(p.name) for p in tmp_path.iterdir()}
+        assert len(warm_before_crash) == 2
+        assert isinstance(ex.submit(crashers.exit_3).exception(timeout=30), WorkerCrashedError)
+        pid = ex.submit(os.getpid).result(timeout=30)
+        assert pid != first
+        assert pid in warm_before_crash  # the spare took over: no initializer paid now
+        assert ex.statistics().worker_restarts == 1
+    with pytest.raises(ValueError, match="spare_workers"):
+        PrecompileExecutor(1, spare_workers=-1)
