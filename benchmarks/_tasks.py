@@ -7,6 +7,7 @@ initializer :func:`import_torch_triton` is what a real autotuner's workers would
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import resource
@@ -31,8 +32,12 @@ def getpid(delay_s: float = 0.0) -> int:
     return os.getpid()
 
 
-def import_torch_triton() -> None:
-    """Worker initializer: import what an autotuner's compile worker needs."""
+def import_torch_triton(label: str = "") -> None:
+    """Worker initializer: import what an autotuner's compile worker needs.
+
+    ``label`` only makes the initializer arguments differ, so that a PrecompileExecutor given
+    ``initargs=("probe",)`` gets workers of its own instead of the pooled warm ones.
+    """
     import torch  # noqa: F401
     import triton  # noqa: F401
 
@@ -48,6 +53,7 @@ def _no_core_dump() -> None:
 def crash(how: str = "abort") -> None:
     """Kill this process: ``"abort"`` (SIGABRT, like a failed assert in C) or ``"sigkill"``."""
     _no_core_dump()
+    faulthandler.disable()  # a deliberate crash needs no stack dump in the benchmark's output
     if how == "abort":
         os.abort()
     os.kill(os.getpid(), signal.SIGKILL)

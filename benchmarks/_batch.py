@@ -1,0 +1,190 @@
+"""Running one compile batch under each strategy, and what a batch should ideally take."""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor, Future
+from typing import Any
+
+import precompile_executor as pe
+
+from . import _seed
+from ._kernels import Config, compile_config, warm_compile
+from ._tasks import import_torch_triton
+
+RESULT_TIMEOUT_S = 900.0
+"""No wait in the benchmark is unbounded: a batch that takes longer than this is broken."""
+
+
+@dataclasses.dataclass
+class BatchRun:
+    """One timed batch: wall seconds, each task's own compile seconds, and its failures."""
+
+    wall_s: float
+    task_s: list[float]
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def new_executor(workers: int, **kwargs: Any) -> pe.PrecompileExecutor:
+    """A PrecompileExecutor whose workers import torch and triton, as an autotuner's would."""
+    return pe.PrecompileExecutor(workers, initializer=import_torch_triton, **kwargs)
+
+
+def worker_start_s(workers: int = 1) -> float:
+    """Seconds to start ``workers`` fresh PrecompileExecutor workers that import torch and triton.
+
+    They get their own initializer arguments, so no pooled worker is reused, and are stopped
+    afterwards. This is what a worker restart after a crash or a timeout kill costs.
+    """
+    ex = pe.PrecompileExecutor(workers, initializer=import_torch_triton, initargs=("probe",))
+    try:
+        start = time.perf_counter()
+        ex.warm_up(timeout=RESULT_TIMEOUT_S)
+        return time.perf_counter() - start
+    finally:
+        ex.terminate_workers()
+
+
+def warm_workers(ex: pe.PrecompileExecutor) -> list[int]:
+    """Start every worker and have each compile an unrelated kernel once; return their pids."""
+    pids = set(ex.warm_up(timeout=RESULT_TIMEOUT_S))
+    warmed: set[int] = set()
+    for _ in range(5):
+        # All workers are idle, so these start at once, one per worker; the short sleep keeps
+        # a fast one from taking a second task.
+        futures = [ex.submit(warm_compile, 0.3) for _ in range(ex.max_workers)]
+        warmed |= {f.result(timeout=RESULT_TIMEOUT_S) for f in futures}
+        if pids <= warmed:
+            break
+    return sorted(pids)
+
+
+def collect(futures: Sequence[Future[Any]], start: float) -> BatchRun:
+    """Wait for a batch's futures (each a ``compile_config`` result) and time it from ``start``."""
+    task_s: list[float] = []
+    errors: list[str] = []
+    for future in futures:
+        try:
+            task_s.append(future.result(timeout=RESULT_TIMEOUT_S)["elapsed_s"])
+        except Exception as exc:  # noqa: BLE001 - a failed config is counted, not fatal
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+    return BatchRun(time.perf_counter() - start, task_s, errors)
+
+
+def on_executor(
+    ex: Executor,
+    configs: Sequence[Config],
+    cache: str,
+    priorities: Sequence[float] | None = None,
+) -> BatchRun:
+    """Submit every config to ``ex`` (a PrecompileExecutor: with ``priorities``) and wait."""
+    start = time.perf_counter()
+    if priorities is None:
+        futures = [ex.submit(compile_config, cfg, cache) for cfg in configs]
+    else:
+        assert isinstance(ex, pe.PrecompileExecutor)
+        futures = [
+            ex.options(priority=p).submit(compile_config, cfg, cache)
+            for cfg, p in zip(configs, priorities, strict=True)
+        ]
+    return collect(futures, start)
+
+
+def seed_fork(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
+    """The seed's fork mode, from this process."""
+    start = time.perf_counter()
+    outcomes = _seed.run_forked([(compile_config, (cfg, cache)) for cfg in configs], jobs)
+    return _from_outcomes(outcomes, start)
+
+
+def seed_spawn(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
+    """The seed's spawn mode: one fresh interpreter per config, importing torch and triton."""
+    start = time.perf_counter()
+    outcomes = _seed.run_spawned([(compile_config, (cfg, cache)) for cfg in configs], jobs)
+    return _from_outcomes(outcomes, start)
+
+
+def _from_outcomes(outcomes: list[_seed.Outcome], start: float) -> BatchRun:
+    wall = time.perf_counter() - start
+    return BatchRun(
+        wall,
+        [o.value["elapsed_s"] for o in outcomes if o.ok],
+        [o.error for o in outcomes if not o.ok],
+    )
+
+
+def seed_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
+    """The seed's fork mode from a fresh parent that imported torch and triton, never compiled.
+
+    Only the batch itself is timed (inside that parent), not the parent's start.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks._coldparent", str(jobs), cache, json.dumps(configs)],
+        capture_output=True,
+        text=True,
+        timeout=RESULT_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return BatchRun(float("nan"), [], [f"cold parent failed: {proc.stderr[-500:]}"])
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = [f"{data['failed']} config(s) failed"] if data["failed"] else []
+    return BatchRun(data["wall_s"], data["task_s"], errors)
+
+
+def sequential(configs: Sequence[Config], cache: str) -> BatchRun:
+    """Compile every config in this process, one after another."""
+    start = time.perf_counter()
+    times = [compile_config(cfg, cache)["elapsed_s"] for cfg in configs]
+    return BatchRun(time.perf_counter() - start, times)
+
+
+def warm_times(ctx: Any, cfgs: Sequence[Config]) -> dict[Config, float]:
+    """Each config's warm compile time in this process (from scenario 2 if it ran)."""
+    known: dict[Config, float] = ctx.shared.get("warm_times", {})
+    if all(c in known for c in cfgs):
+        return {c: known[c] for c in cfgs}
+    warm_compile()
+    run = sequential(cfgs, ctx.fresh_dir("seq"))
+    known = {**known, **dict(zip(cfgs, run.task_s, strict=True))}
+    ctx.shared["warm_times"] = known
+    return {c: known[c] for c in cfgs}
+
+
+def ideal(task_s: Sequence[float], workers: int) -> float:
+    """The best a pool of ``workers`` can do: max(sum / workers, longest task)."""
+    return max(sum(task_s) / workers, max(task_s))
+
+
+def simulate(
+    task_s: Sequence[float], workers: int, priorities: Sequence[float] | None = None
+) -> float:
+    """Makespan of a batch submitted in this order to ``workers`` idle workers.
+
+    The first ``workers`` tasks start at once, in submission order (they never queue); each
+    later one waits in a queue served highest priority first (FIFO without priorities).
+    """
+    prio = list(priorities) if priorities is not None else [0.0] * len(task_s)
+    free = [0.0] * min(workers, len(task_s))
+    heapq.heapify(free)
+    end = 0.0
+    first = list(range(min(workers, len(task_s))))
+    queued = sorted(range(len(first), len(task_s)), key=lambda i: (-prio[i], i))
+    for i in first + queued:
+        at = heapq.heappop(free)
+        done = at + task_s[i]
+        end = max(end, done)
+        heapq.heappush(free, done)
+    return end
+
+
+def lpt(task_s: Sequence[float], workers: int) -> float:
+    """Makespan when the longest tasks are started first (a near-optimal schedule)."""
+    ordered = sorted(task_s, reverse=True)
+    return simulate(ordered, workers)
