@@ -158,13 +158,11 @@ def test_second_executor_reuses_the_same_worker_processes() -> None:
             pids
             == set(f.result(timeout=30) for f in [first.submit(os.getpid) for _ in range(2)]) | pids
         )
-    start = time.monotonic()
     with PrecompileExecutor(2) as second:
         got = second.submit(os.getpid).result(timeout=30)
-        first_result_s = time.monotonic() - start
-        assert got in pids
+        assert got in pids  # a process that already existed: no interpreter start, no imports
         assert set(second.warm_up(timeout=30)) == pids
-    assert first_result_s < 1.0  # no interpreter start (that alone is > 1 s with torch)
+        assert second.statistics().worker_restarts == 0
 
 
 def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: os.PathLike[str]) -> None:
