@@ -584,14 +584,6 @@ class Hub:
         task.owner.on_task_timeout(task, worker, elapsed, output)
         # The monitor sees the socket close and retires the worker (see _eof).
 
-    def kill_busy(self, worker: Worker) -> None:
-        """Kill a busy worker's process group at once (Ctrl-C, ``kill_workers``).
-
-        Its unresolved task then fails as crashed, through the usual end-of-socket path.
-        """
-        if worker.pid:
-            _process.kill_group(worker.pid, grace_s=0)
-
     # -- exit ----------------------------------------------------------------------------------
 
     def close(self) -> None:
