@@ -24,6 +24,7 @@ returns idle workers to it, and the next executor with the same initializer reus
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -230,6 +231,7 @@ class _Core:
         self.hub = hub
         self.devices = devices
         self.spare_workers = spare_workers
+        self.held = 0
         self.max_workers = max_workers
         self.init_blob = init_blob
         self.key = init_blob or b""
@@ -267,6 +269,8 @@ class _Core:
     def pump(self) -> list[tuple[str, Any, Any]]:
         """Decide what to start now; returns actions for :meth:`act` to run outside the lock."""
         actions: list[tuple[str, Any, Any]] = []
+        if self.held:  # inside executor.batch(): nothing starts until the whole batch is queued
+            return actions
         busy = self._busy()
         idle = [w for w in self.workers if w.kind == "spawn" and w.state == "idle"]
         while busy < self.max_workers:
@@ -823,6 +827,25 @@ class PrecompileExecutor(Executor):
         view._parent = self._parent or self  # keeps the executor (and its finalizer) alive
         return view
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[PrecompileExecutor]:
+        """Queue everything submitted inside the block; start it only when the block exits.
+
+        Without it, the first ``max_workers`` submissions start at once in submission order, so
+        ``options(priority=...)`` can only order the rest. Inside it, priority orders the whole
+        batch: e.g. the largest configs first, so the longest compile does not start last.
+        """
+        core = self._core
+        with core.hub.lock:
+            core.held += 1
+        try:
+            yield self
+        finally:
+            with core.hub.lock:
+                core.held -= 1
+                actions = core.pump()
+            core.act(actions)
+
     # -- workers ---------------------------------------------------------------------------------
 
     def warm_up(self, timeout: float | None = None) -> list[int]:
@@ -893,6 +916,7 @@ class PrecompileExecutor(Executor):
         core = self._core
         with core.hub.lock:
             core.shutdown = True
+            core.held = 0  # a batch() still open must not keep shutdown(wait=True) waiting
             cancelled: list[_Task] = []
             if cancel_futures:
                 for queue in core.queues.values():

@@ -330,3 +330,16 @@ def test_dropped_executor_returns_its_workers_to_the_pool() -> None:
     gc.collect()
     with PrecompileExecutor(1) as again:
         assert again.submit(os.getpid).result(timeout=30) == pid
+
+
+def test_batch_lets_priority_order_the_first_wave_too() -> None:
+    order: list[int] = []
+    with PrecompileExecutor(1) as executor:
+        executor.warm_up(timeout=30)
+        with executor.batch():
+            futures = [executor.options(priority=p).submit(crashers.square, p) for p in (1, 5, 3)]
+            time.sleep(0.2)
+            assert all(not f.running() and not f.done() for f in futures)  # held back
+        for f in cf.as_completed(futures, timeout=30):
+            order.append(f.result())
+    assert order == [25, 9, 1]
