@@ -20,6 +20,8 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import triton
@@ -142,6 +144,23 @@ def compile_config(cfg: Config, cache_dir: str, log_path: str | None = None) -> 
     }
 
 
+@contextmanager
+def triton_cache_dir(path: str, *, remove: bool = False) -> Iterator[str]:
+    """Point ``TRITON_CACHE_DIR`` at ``path`` for the block, then restore it (and delete ``path``
+    when ``remove``)."""
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = previous
+        if remove:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def warm_compile(delay_s: float = 0.0) -> int:
     """Compile an unrelated small kernel into a throw-away cache; return this process's pid.
 
@@ -150,9 +169,7 @@ def warm_compile(delay_s: float = 0.0) -> int:
     busy a little longer, so that a batch of these lands on distinct workers.
     """
     cache = tempfile.mkdtemp(prefix="bench-warm-cache-")
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = cache
-    try:
+    with triton_cache_dir(cache, remove=True):
         _compile(
             scale,
             {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
@@ -160,12 +177,6 @@ def warm_compile(delay_s: float = 0.0) -> int:
             num_warps=4,
             num_stages=1,
         )
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = previous
-        shutil.rmtree(cache, ignore_errors=True)
     if delay_s:
         time.sleep(delay_s)
     return os.getpid()

@@ -102,19 +102,10 @@ def in_cache(cache_dir: str, task: RunOnce) -> RunReport:
 
 def warm_worker(delay_s: float) -> int:
     """What a worker that served an earlier batch has done: CUDA up, compiler libraries loaded."""
-    cache = tempfile.mkdtemp(prefix="bench-warm-")
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = cache
-    try:
+    with _kernels.triton_cache_dir(tempfile.mkdtemp(prefix="bench-warm-"), remove=True):
         x = torch.ones(4096, device="cuda")
         _kernels.scale[(4,)](x, torch.empty_like(x), 4096, BLOCK=1024)
         torch.cuda.synchronize()
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = previous
-        shutil.rmtree(cache, ignore_errors=True)
     time.sleep(delay_s)
     return os.getpid()
 
@@ -208,10 +199,8 @@ def kernel_times(
     A worker's ``launch_s`` is no GPU cost: it includes the time slices that other processes'
     kernels took on the same GPU. The configs are compiled already (``cache_dir``).
     """
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = cache_dir
     times: dict[str, float] = {}
-    try:
+    with _kernels.triton_cache_dir(cache_dir):
         for cfg in configs:
             kwargs = matmul_kwargs(cfg)
             _kernels.matmul[matmul_grid](*args, **kwargs)  # loads the module
@@ -224,11 +213,6 @@ def kernel_times(
             times[run_once(_kernels.matmul, (), grid=matmul_grid, **kwargs).label] = (
                 start.elapsed_time(end) / 1000
             )
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = previous
     return times
 
 
@@ -266,32 +250,24 @@ def seed_fork(
     ) -> None:
         hits.append(cache_hit)
 
-    with fresh_cache("fork") as cache_dir:
-        previous = os.environ.get("TRITON_CACHE_DIR")
-        os.environ["TRITON_CACHE_DIR"] = cache_dir
-        try:
-            start = time.perf_counter()
-            calls = [(fork_compile, (cfg, size, cache_dir)) for cfg in configs]
-            outcomes = _seed.run_forked(calls, workers, timeout)
-            compiled = time.perf_counter() - start
-            failures = [o.error for o in outcomes if not o.ok]
-            with triton.knobs.compilation.scope():
-                triton.knobs.compilation.listener = listen
-                for cfg, outcome in zip(configs, outcomes, strict=True):
-                    if not outcome.ok:
-                        continue
-                    try:
-                        torch.cuda.synchronize()
-                        _kernels.matmul[matmul_grid](*args, **matmul_kwargs(cfg))
-                        torch.cuda.synchronize()
-                    except Exception as exc:  # noqa: BLE001
-                        failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
-            wall = time.perf_counter() - start
-        finally:
-            if previous is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = previous
+    with fresh_cache("fork") as cache_dir, _kernels.triton_cache_dir(cache_dir):
+        start = time.perf_counter()
+        calls = [(fork_compile, (cfg, size, cache_dir)) for cfg in configs]
+        outcomes = _seed.run_forked(calls, workers, timeout)
+        compiled = time.perf_counter() - start
+        failures = [o.error for o in outcomes if not o.ok]
+        with triton.knobs.compilation.scope():
+            triton.knobs.compilation.listener = listen
+            for cfg, outcome in zip(configs, outcomes, strict=True):
+                if not outcome.ok:
+                    continue
+                try:
+                    torch.cuda.synchronize()
+                    _kernels.matmul[matmul_grid](*args, **matmul_kwargs(cfg))
+                    torch.cuda.synchronize()
+                except Exception as exc:  # noqa: BLE001
+                    failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+        wall = time.perf_counter() - start
     return {
         "wall_s": wall,
         "compile_phase_s": compiled,
