@@ -5,6 +5,7 @@ package imports neither torch nor triton (``precompile_executor.triton`` does, o
 """
 
 from ._batch import completed_future, wait_for_all
+from ._core import TaskResult
 from ._errors import (
     Classification,
     CudaInForkError,
@@ -19,7 +20,6 @@ from ._executor import (
     DEFAULT_IDLE_TIMEOUT_S,
     ExecutorStatistics,
     PrecompileExecutor,
-    TaskResult,
     stop_idle_workers,
 )
 from ._process import KILL_GRACE_S

@@ -250,7 +250,9 @@ def _proxy_class(module: str, qualname: str, name: str) -> type[RemoteError]:
         bases: tuple[type, ...] = (RemoteError,)
         if original is not None and issubclass(original, RemoteError):
             bases = (original,)
-        elif original is not None and issubclass(original, Exception) and original is not Exception:
+        elif original is not None and original not in (Exception, BaseException):
+            # Not only Exception subclasses: a task's SystemExit or KeyboardInterrupt comes back
+            # as one, as from the stdlib pools (``except SystemExit`` keeps working).
             bases = (RemoteError, original)
         try:
             cls = type(name, bases, {"__module__": module, "__qualname__": qualname})
@@ -262,14 +264,22 @@ def _proxy_class(module: str, qualname: str, name: str) -> type[RemoteError]:
 
 
 def _new_exception(cls: type[RemoteError], args: tuple[Any, ...]) -> RemoteError:
-    # Never call the original __init__ (it may need other arguments); the most derived builtin
-    # base's __new__ gives a correctly laid-out instance.
-    solid = next(b for b in cls.__mro__ if b.__module__ == "builtins" and b is not object)
+    # Never call the original __init__ (it may need other arguments); the builtin base with the
+    # largest layout gives a correctly laid-out instance, and its own __init__ only fills its
+    # fields (SystemExit.code, OSError.errno, ...).
+    builtin = [
+        b
+        for b in cls.__mro__
+        if b.__module__ == "builtins" and b is not object and not issubclass(b, RemoteError)
+    ]
+    solid = max(builtin, key=lambda b: b.__basicsize__)
     new: Any = solid.__new__
     try:
         obj = new(cls, *args)
     except Exception:
         obj = new(cls)
+    with contextlib.suppress(Exception):
+        solid.__init__(obj, *args)
     with contextlib.suppress(Exception):
         obj.args = args
     assert isinstance(obj, RemoteError)

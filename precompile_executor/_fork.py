@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import socket
 import sys
 import warnings
@@ -19,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from ._errors import CudaInForkError
+from ._messages import Done, encode
 from ._worker import Call, OutputCapture, become_group_leader, run_calls, with_output
 
 CUDA_IN_FORK_MESSAGE = (
@@ -48,12 +48,16 @@ def _child(
     calls: Sequence[Call],
     want_output: bool,
     capture: str,
+    guardian_fd: int,
     close_fds: Sequence[int],
 ) -> NoReturn:
     status = 0
     try:
+        # First of all, tell the guardian about this process: even if the parent dies before
+        # it gets the pid from fork(), the guardian learns of the child and kills it.
+        os.write(guardian_fd, f"+{os.getpid()}\n".encode())
         become_group_leader()
-        for fd in close_fds:
+        for fd in (guardian_fd, *close_fds):
             with contextlib.suppress(OSError):
                 os.close(fd)
         _forbid_cuda()
@@ -65,7 +69,7 @@ def _child(
         if failed:
             outcomes = with_output(outcomes, output)
         Connection(conn.detach()).send_bytes(
-            pickle.dumps(("done", task_id, outcomes, output if want_output or failed else None))
+            encode(Done(task_id, outcomes, output if want_output or failed else None))
         )
     except BaseException:  # noqa: BLE001 - the parent sees a crash with the captured output
         status = 70
@@ -74,16 +78,22 @@ def _child(
 
 
 def fork_task(
-    task_id: int, calls: Sequence[Call], want_output: bool, capture: str, close_fds: Sequence[int]
+    task_id: int,
+    calls: Sequence[Call],
+    want_output: bool,
+    capture: str,
+    guardian_fd: int,
+    close_fds: Sequence[int],
 ) -> tuple[int, Connection]:
-    """Fork a child that runs ``calls`` and sends one ``done`` message back.
+    """Fork a child that runs ``calls`` and sends one :class:`._messages.Done` back.
 
     Args:
         task_id: echoed in the child's message.
         calls: ``(fn, args, kwargs)`` triples, run in order.
         want_output: send the captured output even when every call succeeds.
         capture: the file the child's fd 1 and fd 2 go to.
-        close_fds: fds the child must close at once (the guardian's pipe, the listener).
+        guardian_fd: the pipe to the guardian: the child registers itself, then closes it.
+        close_fds: other fds the child must close at once (the hub's listener and wake pipe).
 
     Returns:
         The child's pid (also its process-group id) and the parent's end of the socket.
@@ -102,6 +112,6 @@ def fork_task(
         pid = os.fork()
     if pid == 0:
         parent_end.close()
-        _child(child_end, task_id, calls, want_output, capture, close_fds)
+        _child(child_end, task_id, calls, want_output, capture, guardian_fd, close_fds)
     child_end.close()
     return pid, Connection(parent_end.detach())

@@ -92,10 +92,11 @@ for line in sys.stdin:
     else:
         groups.discard(pgid)
 for pgid in groups:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+    for kill in (os.killpg, os.kill):  # the group, and the leader itself if it has no group yet
+        try:
+            kill(pgid, signal.SIGKILL)
+        except OSError:
+            pass
 """
 
 
@@ -104,7 +105,8 @@ class Guardian:
 
     It reads ``+pgid`` / ``-pgid`` lines on stdin; EOF means the parent is gone (even by
     SIGKILL), whatever state the workers are in — a worker stuck in C code holding the GIL
-    cannot watch for that itself.
+    cannot watch for that itself. A worker is registered by pid as soon as its process exists,
+    before it has made itself a group leader: the guardian kills the pid as well as the group.
     """
 
     def __init__(self) -> None:
@@ -112,6 +114,7 @@ class Guardian:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def _ensure(self) -> subprocess.Popen[bytes]:
+        # Callers hold self._lock: two threads must never start two guardians.
         if self._proc is None or self._proc.poll() is not None:
             self._proc = subprocess.Popen(
                 [sys.executable, "-S", "-c", _GUARDIAN_CODE],
@@ -121,10 +124,12 @@ class Guardian:
             )
         return self._proc
 
-    def fileno(self) -> int | None:
-        """The fd of the pipe to the guardian (a forked child must close it)."""
-        proc = self._proc
-        return proc.stdin.fileno() if proc is not None and proc.stdin is not None else None
+    def fileno(self) -> int:
+        """The fd of the pipe to the guardian, started if need be (a forked child closes it)."""
+        with self._lock:
+            proc = self._ensure()
+            assert proc.stdin is not None
+            return proc.stdin.fileno()
 
     def _send(self, line: str) -> None:
         with self._lock:

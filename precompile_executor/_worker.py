@@ -1,13 +1,9 @@
 """Worker-side code: runs inside a loky worker (the serve loop) or a forked child (one task).
 
 Nothing here imports the parent-side executor. A worker talks to the parent over one
-``multiprocessing.connection`` socket with two kinds of message:
-
-* parent → worker: ``("run", task_id, n_calls, want_output, blob)`` where ``blob`` pickles
-  ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``, or ``("stop",)``;
-* worker → parent: ``("hello", token, pid, error_record_or_None)`` once, then
-  ``("done", task_id, outcomes, output_or_None)`` per task, where each outcome is
-  ``(True, cloudpickled_value)`` or ``(False, ErrorRecord)``.
+``multiprocessing.connection`` socket with the messages of :mod:`._messages`: ``Hello`` once,
+then for each ``Run`` a ``Started`` (before anything of the task is unpickled or run, so a task
+whose worker dies before that point is known never to have started) and a ``Done``.
 
 The task's stdout and stderr are captured at the file-descriptor level into a file whose path
 the parent chose, so the parent can read it even after the worker was killed.
@@ -30,9 +26,9 @@ from typing import Any
 import cloudpickle
 
 from ._errors import ErrorRecord, record_from_exception
+from ._messages import Done, Hello, Outcome, Run, Started, decode, encode
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-Outcome = tuple[bool, Any]
 
 CAPTURE_LIMIT_BYTES = 1 << 20
 """Keep at most the last 1 MiB of a task's output: compiler logs can be huge."""
@@ -216,22 +212,22 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
             initializer(*initargs)
         except BaseException as exc:  # noqa: BLE001
             failure = record_from_exception(exc, traceback.format_exc(), capture.read(), pid)
-    conn.send_bytes(pickle.dumps(("hello", token, pid, failure)))
+    conn.send_bytes(encode(Hello(token, pid, failure)))
     if failure is not None:
         conn.close()
         return
     while True:
         try:
-            message = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
+            message = decode(conn.recv_bytes())
+        except (EOFError, OSError, ValueError):
             break  # the parent went away or closed us: leave quietly
-        if message[0] != "run":
+        if not isinstance(message, Run):
             break
-        _, task_id, n_calls, want_output, blob = message
-        outcomes, output = execute(blob, n_calls, want_output, capture)
-        retire = any(not ok and is_sticky_cuda_error(rec) for ok, rec in outcomes)
         try:
-            conn.send_bytes(pickle.dumps(("done", task_id, outcomes, output, retire)))
+            conn.send_bytes(encode(Started(message.task_id)))
+            outcomes, output = execute(message.blob, message.n_calls, message.want_output, capture)
+            retire = any(not ok and is_sticky_cuda_error(rec) for ok, rec in outcomes)
+            conn.send_bytes(encode(Done(message.task_id, outcomes, output, retire)))
         except (EOFError, OSError):
             break
         if retire:

@@ -23,9 +23,9 @@ def _is_helper(proc: psutil.Process) -> bool:
 
 
 def _pooled_worker_pids() -> set[int]:
-    from precompile_executor import _pool
+    from precompile_executor import _hub
 
-    hub = _pool._hub
+    hub = _hub.current_hub()
     if hub is None:
         return set()
     with hub.lock:
@@ -78,9 +78,9 @@ def no_leaked_processes() -> Iterator[None]:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """At the end, stop every pooled worker and check that nothing at all is left."""
-    from precompile_executor import _pool
+    from precompile_executor import _hub
 
-    hub = _pool._hub
+    hub = _hub.current_hub()
     if hub is not None:
         hub.close()
     me = psutil.Process(os.getpid())

@@ -190,17 +190,20 @@ def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: os.PathLik
     assert stop_idle_workers() >= 2
 
 
-def test_initializer_failure_fails_tasks_with_a_clear_error() -> None:
+def test_initializer_failure_breaks_the_executor_with_a_clear_error() -> None:
     def bad_init() -> None:
         raise ImportError("no module named 'triton_nightly'")
 
     executor = PrecompileExecutor(1, initializer=bad_init)
-    with pytest.raises(WorkerStartError, match="triton_nightly"):
-        executor.warm_up(timeout=60)
-    future = executor.submit(crashers.square, 2)
-    error = future.exception(timeout=60)
+    queued = executor.submit(crashers.square, 2)  # waits for the worker that will not start
+    error = queued.exception(timeout=60)
     assert isinstance(error, WorkerStartError)
     assert "triton_nightly" in str(error)
+    # Broken, as the stdlib pools are after an initializer fails: every later call says so.
+    with pytest.raises(WorkerStartError, match="triton_nightly"):
+        executor.warm_up(timeout=60)
+    with pytest.raises(cf.BrokenExecutor, match="triton_nightly"):
+        executor.submit(crashers.square, 2)
     executor.shutdown()
 
 

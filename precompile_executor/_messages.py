@@ -1,0 +1,73 @@
+"""The wire messages between the parent and a worker: small named types, one encode/decode.
+
+Parent → worker: :class:`Run`, :class:`Stop`. Worker → parent: :class:`Hello` once, then per
+task :class:`Started` (before the task's code runs, so the parent knows a task that never
+started from one that did) and :class:`Done`. A forked child sends only :class:`Done`.
+
+Both sides import this module; it imports nothing of the library but the error record.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, NamedTuple, Union
+
+from ._errors import ErrorRecord
+
+Outcome = tuple[bool, Any]
+"""One call's outcome: ``(True, cloudpickled value)`` or ``(False, ErrorRecord)``."""
+
+
+class Run(NamedTuple):
+    """Run one task: ``blob`` pickles ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``."""
+
+    task_id: int
+    n_calls: int
+    want_output: bool
+    blob: bytes
+
+
+class Stop(NamedTuple):
+    """Leave the serve loop and exit cleanly."""
+
+
+class Hello(NamedTuple):
+    """A new worker is up: ``failure`` is the initializer's error, or ``None``."""
+
+    token: str
+    pid: int
+    failure: ErrorRecord | None
+
+
+class Started(NamedTuple):
+    """The worker took task ``task_id`` and is about to run it."""
+
+    task_id: int
+
+
+class Done(NamedTuple):
+    """Task ``task_id`` finished; ``retire``: this process's CUDA context is broken."""
+
+    task_id: int
+    outcomes: list[Outcome]
+    output: str | None
+    retire: bool = False
+
+
+Message = Union[Run, Stop, Hello, Started, Done]  # noqa: UP007 - NamedTuples in a runtime alias
+_TYPES: dict[str, type[Any]] = {t.__name__: t for t in (Run, Stop, Hello, Started, Done)}
+
+
+def encode(message: Message) -> bytes:
+    """Bytes for ``Connection.send_bytes``: the type's name and its fields, plain pickle."""
+    return pickle.dumps((type(message).__name__, tuple(message)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Message:
+    """The message in ``data``; raises ``ValueError`` for anything that is not one of ours."""
+    try:
+        name, fields = pickle.loads(data)
+        message: Message = _TYPES[name](*fields)
+    except Exception as exc:  # noqa: BLE001 - garbled or foreign bytes
+        raise ValueError(f"not a precompile_executor message: {exc}") from exc
+    return message
