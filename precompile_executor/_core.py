@@ -211,7 +211,8 @@ class Core:
         return [w for w in self.workers if w.kind == "spawn"]
 
     def _start_workers(self) -> list[Action]:
-        if self.shutdown or self.broken is not None:
+        # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
+        if self.broken is not None:
             return []
         waiting = sum(1 for _, t in self.queues["spawn"] if not t.future.cancelled())
         if not waiting:

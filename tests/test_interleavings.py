@@ -379,7 +379,9 @@ def watch():
     while not stop.is_set():
         for proc in me.children():
             try:
-                if "signal.SIG_IGN" in " ".join(proc.cmdline()):
+                # the guardian runs `python -S -c <code>`; not a substring test: this very
+                # script's text (and so its forked children's cmdline) holds the code's words
+                if proc.cmdline()[1:3] == ["-S", "-c"]:
                     seen.add(proc.pid)
             except psutil.Error:
                 pass
