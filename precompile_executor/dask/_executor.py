@@ -586,6 +586,22 @@ class DaskPrecompileExecutor(Executor):
             state.poke()
         return future
 
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Any,
+        timeout: float | None = None,
+        chunksize: int = 1,
+    ) -> Iterator[T]:
+        """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
+
+        ``timeout`` counts from this call; ``chunksize`` is accepted and each call is its own
+        task (a dask task per call already amortises nothing that chunks would save).
+        """
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        return super().map(fn, *iterables, timeout=timeout)
+
     def options(
         self,
         *,
