@@ -231,13 +231,17 @@ def test_daemonic_workers_are_refused_in_one_line() -> None:
 
     # daemon: True is dask's default (the module's cluster fixture may have turned it off).
     # dashboard_address=None still binds the HTTP server to 8787; any free port instead.
-    with dask.config.set({"distributed.worker.daemon": True}), LocalCluster(
-        n_workers=1,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=":0",
-    ) as cluster, Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.worker.daemon": True}),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         with pytest.raises(WorkerStartError, match="distributed.worker.daemon: False") as info:
             DaskPrecompileExecutor(client)
         assert "\n" not in str(info.value)

@@ -1,4 +1,4 @@
-"""``DaskPrecompileExecutor``: the caller side of running tasks on node-local pools of a dask cluster.
+"""``DaskPrecompileExecutor``: the caller side; tasks run on node-local pools of a dask cluster.
 
 Data flow::
 
@@ -193,7 +193,9 @@ class _State:
         self.closing = False
         self.completed = self.failed = self.cancelled = 0
         self.timed_out = self.crashed = self.nodes_lost = 0
-        self.thread = threading.Thread(target=self.run, name="precompile-dask-dispatch", daemon=True)
+        self.thread = threading.Thread(
+            target=self.run, name="precompile-dask-dispatch", daemon=True
+        )
 
     def poke(self) -> None:
         """Wake the dispatcher (lock held)."""
@@ -330,14 +332,11 @@ class _State:
             self.finish(task, exc=NodeLostError(address))
 
     def close(self) -> None:
-        for call in (
-            lambda: self.client.unsubscribe_topic(self.topic),
-            lambda: self.client.unregister_worker_plugin(self.plugin_name),
-        ):
-            try:
-                call()
-            except Exception:  # noqa: BLE001 - a closed client has nothing left to undo
-                pass
+        """Undo the constructor's registrations (a closed client has nothing left to undo)."""
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(self.topic)
+        with contextlib.suppress(Exception):
+            self.client.unregister_worker_plugin(self.plugin_name)
 
     # -- other threads ---------------------------------------------------------------------------
 
@@ -517,13 +516,14 @@ class DaskPrecompileExecutor(Executor):
             raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
         if classify is not None and not callable(classify):
             raise TypeError(f"classify must be callable or None, got {classify!r}")
-        if max_workers_per_node is not None:
-            if isinstance(max_workers_per_node, bool) or not isinstance(max_workers_per_node, int):
+        per_node = max_workers_per_node
+        if per_node is not None:
+            if isinstance(per_node, bool) or not isinstance(per_node, int):
                 raise TypeError(
-                    f"max_workers_per_node must be an int >= 1 or None, got {max_workers_per_node!r}"
+                    f"max_workers_per_node must be an int >= 1 or None, got {per_node!r}"
                 )
-            if max_workers_per_node < 1:
-                raise ValueError(f"max_workers_per_node must be >= 1, got {max_workers_per_node}")
+            if per_node < 1:
+                raise ValueError(f"max_workers_per_node must be >= 1, got {per_node}")
         if isinstance(workers, str):
             raise TypeError("workers must be a list of dask worker addresses, not one string")
         self._options = _Options(_check_timeout(timeout), 0.0, False)
@@ -577,7 +577,9 @@ class DaskPrecompileExecutor(Executor):
             future.set_exception(error)
             return future
         name = getattr(fn, "__name__", "task")
-        task = _Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, self._options)
+        task = _Task(
+            next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, self._options
+        )
         future.add_done_callback(lambda f: state.on_future_done(task, f))
         with state.lock:
             if state.closing:
@@ -631,7 +633,8 @@ class DaskPrecompileExecutor(Executor):
             opts = dataclasses.replace(opts, with_output=with_output)
         if path is not ... and path != "spawn":
             raise ValueError(
-                f"path must be 'spawn' on a dask cluster (a node cannot fork the caller), got {path!r}"
+                "path must be 'spawn' on a dask cluster (a node cannot fork the caller), "
+                f"got {path!r}"
             )
         view = object.__new__(DaskPrecompileExecutor)
         view._state = self._state

@@ -37,8 +37,14 @@ DAEMON_MESSAGE = (
 
 def refused(reason: str, message: str) -> Outcome:
     """The outcome of a task the node did not run."""
-    return {"status": "refused", "reason": reason, "message": message, "output": "", "pid": 0,
-            "elapsed_s": 0.0}
+    return {
+        "status": "refused",
+        "reason": reason,
+        "message": message,
+        "output": "",
+        "pid": 0,
+        "elapsed_s": 0.0,
+    }
 
 
 def call_blob(blob: bytes) -> bytes:
@@ -95,8 +101,9 @@ def run_task(
         outcome: Outcome = plugin.run(key, blob, timeout, with_output, topic)
         return outcome
     except Exception as exc:  # noqa: BLE001 - the contract: never raise
-        return refused("unavailable", f"the node could not run the task: {type(exc).__name__}: "
-                                      f"{exc}")
+        return refused(
+            "unavailable", f"the node could not run the task: {type(exc).__name__}: {exc}"
+        )
 
 
 def describe(plugin_name: str, dask_worker: Any = None) -> dict[str, Any] | None:
