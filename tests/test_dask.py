@@ -257,6 +257,106 @@ def test_import_does_not_import_torch_or_triton() -> None:
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
+# -- Triton: compiled on two nodes, used here ----------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
+def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
+    dask_cluster: Any, tmp_path: Path
+) -> None:
+    triton = pytest.importorskip("triton")
+    from triton import knobs
+    from triton.compiler import ASTSource, CompiledKernel
+
+    from precompile_executor.examples import kernels as examples
+    from precompile_executor.triton import classify, parse_target, precompile
+
+    _, client, node_caches = dask_cluster
+    kernel = examples.add_gelu_kernel.fn
+    signature = {
+        "x_ptr": "*fp16",
+        "bias_ptr": "*fp16",
+        "out_ptr": "*fp16",
+        "n_elements": "i32",
+        "n_cols": "i32",
+        "BLOCK_SIZE": "constexpr",
+    }
+    blocks = [256, 512, 1024, 2048]
+    options = {"num_warps": 4, "num_stages": 3}
+    hits: list[tuple[str, bool]] = []
+
+    def listener(
+        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
+    ) -> None:
+        hits.append((metadata["hash"], cache_hit))
+
+    caller_cache = tmp_path / "caller-cache"
+    with knobs.cache.scope(), knobs.compilation.scope():
+        knobs.cache.dir = str(caller_cache)
+        knobs.compilation.listener = listener
+        with DaskPrecompileExecutor(
+            client, timeout=120, classify=classify, max_workers_per_node=1
+        ) as executor:
+            pool_pids = executor.warm_up(timeout=WAIT_S)
+            jobs = [
+                precompile(
+                    kernel,
+                    signature,
+                    {"BLOCK_SIZE": b},
+                    target="cuda:90",
+                    options=options,
+                    executor=executor,
+                )
+                for b in blocks
+            ]
+            compiled = [job.result(timeout=180) for job in jobs]
+        assert all(isinstance(k, CompiledKernel) for k in compiled)
+        by_node = {
+            node: {j.artifacts.worker_pid for j in jobs if j.artifacts} & set(pids)
+            for node, pids in pool_pids.items()
+        }
+        assert all(by_node.values()), f"both nodes should have compiled: {by_node}"
+        assert hits == []  # nothing compiled in this process
+        for b, kernel_b in zip(blocks, compiled, strict=True):
+            assert all(
+                Path(p).is_relative_to(caller_cache) for p in kernel_b.metadata_group.values()
+            )
+            again = triton.compile(
+                ASTSource(kernel, signature, {"BLOCK_SIZE": b}),
+                target=parse_target("cuda:90"),
+                options=options,
+            )
+            assert again.asm["cubin"] == kernel_b.asm["cubin"]
+    assert hits == [(k.hash, True) for k in compiled]  # every one a cache hit here
+    assert all(not str(d).startswith(str(caller_cache)) for d in node_caches)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
+def test_warm_takes_the_dask_executor(dask_cluster: Any, tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from precompile_executor.examples import kernels as examples
+    from precompile_executor.triton import TensorSpec, classify, launch, warm
+
+    _, client, _ = dask_cluster
+    rows, cols = 64, 1000
+    sx, sy = TensorSpec("fp16", (rows, cols)), TensorSpec("fp16", (rows, cols))
+    specs = {examples.softmax_kernel: [launch(sy, sx, sx.stride(0), sy.stride(0), rows, cols)]}
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path / "caller-cache")
+        with DaskPrecompileExecutor(client, timeout=120, classify=classify) as executor:
+            report = warm(specs, target="cuda:90", executor=executor)
+            assert [r.status for r in report.results] == ["ok"] * len(
+                examples.softmax_kernel.configs
+            )
+            again = warm(specs, target="cuda:90", executor=executor)
+            assert {r.status for r in again.results} == {"cached"}  # installed here
+            assert executor.statistics().completed == len(examples.softmax_kernel.configs)
+
+
 # -- a lost node (last: the cluster comes back with a new worker) ------------------------------------
 
 
