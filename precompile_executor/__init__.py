@@ -20,6 +20,7 @@ from ._executor import (
     DEFAULT_IDLE_TIMEOUT_S,
     ExecutorStatistics,
     PrecompileExecutor,
+    kill_running_futures,
     stop_idle_workers,
 )
 from ._process import KILL_GRACE_S
@@ -42,6 +43,7 @@ __all__ = [
     "WorkerCrashedError",
     "WorkerStartError",
     "completed_future",
+    "kill_running_futures",
     "stop_idle_workers",
     "wait_for_all",
     "worker_device",

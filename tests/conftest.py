@@ -5,13 +5,29 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest
 
 # Long-lived helpers that belong to the process, not to one test.
 _HELPER_MARKERS = ("resource_tracker", "signal.SIG_IGN")
+
+
+# Long-lived process trees a fixture started on purpose (a dask cluster's worker processes): each
+# callable returns the roots' pids now; the roots and everything under them are not leaks.
+_process_roots: list[Callable[[], set[int]]] = []
+
+
+def _allowed_trees() -> set[int]:
+    pids: set[int] = set()
+    for roots in _process_roots:
+        for pid in roots():
+            pids.add(pid)
+            with contextlib.suppress(psutil.Error):
+                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+    return pids
 
 
 def _is_helper(proc: psutil.Process) -> bool:
@@ -41,7 +57,7 @@ def stray_processes(timeout_s: float = 10.0) -> list[psutil.Process]:
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + timeout_s
     while True:
-        allowed = _pooled_worker_pids()
+        allowed = _pooled_worker_pids() | _allowed_trees()
         strays = []
         for proc in me.children(recursive=True):
             try:
@@ -74,6 +90,59 @@ def no_leaked_processes() -> Iterator[None]:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         pytest.fail("processes leaked by this test:\n" + "\n".join(details))
+
+
+NODE_THREADS = 2
+"""Threads per dask worker in the test cluster: each node runs 2 tasks at once."""
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two dask workers (nodes) on 127.0.0.1, each with its own ``TRITON_CACHE_DIR``.
+
+    Module-scoped: closed, with every process it started, when the module's tests are done. Its
+    worker processes (and the node pools under them) are registered as allowed process trees.
+    Yields ``(cluster, client, cache_dirs)``.
+    """
+    pytest.importorskip("distributed")
+    import dask
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    base = tmp_path_factory.mktemp("nodes")
+    cache_dirs = [base / f"node-{i}-triton-cache" for i in range(2)]
+    workers = {
+        f"node-{i}": {
+            "cls": Nanny,
+            "options": {
+                "nthreads": NODE_THREADS,
+                "host": "127.0.0.1",
+                "env": {"TRITON_CACHE_DIR": str(cache_dirs[i])},
+                "local_directory": str(base / f"node-{i}"),
+            },
+        }
+        for i in range(2)
+    }
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    # The nanny reads this when it (re)starts a worker process: keep it set for the lifetime.
+    with dask.config.set({"distributed.worker.daemon": False}):
+        cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=False)
+        client = Client(cluster)
+
+        def roots() -> set[int]:
+            return {n.pid for n in list(cluster.workers.values()) if getattr(n, "pid", None)}
+
+        _process_roots.append(roots)
+        try:
+            client.wait_for_workers(2, timeout=60)
+            yield cluster, client, cache_dirs
+        finally:
+            pids = roots()
+            client.close()
+            cluster.close(timeout=30)
+            _process_roots.remove(roots)
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).wait(timeout=10)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

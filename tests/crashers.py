@@ -103,3 +103,19 @@ class BreaksOnUnpickle:
 
 def result_that_breaks_on_unpickle() -> BreaksOnUnpickle:
     return BreaksOnUnpickle()
+
+
+LONG_MESSAGE = "compile failed: " + "x" * 20_000
+
+
+def raise_long_error() -> None:
+    # dask truncates exception messages over 10,000 characters; ours travel as records.
+    raise ValueError(LONG_MESSAGE)
+
+
+def square_and_log(x: int, log_path: str, delay: float = 0.0) -> int:
+    """Square ``x`` and append ``x`` to ``log_path``: a test can count how often each task ran."""
+    time.sleep(delay)
+    with open(log_path, "a") as f:
+        f.write(f"{x}\n")
+    return x * x

@@ -86,6 +86,12 @@ def _check_fd2(exc: BaseException) -> None:
     assert "python-level stdout" in exc.captured_output
 
 
+def _check_long(exc: BaseException) -> None:
+    assert isinstance(exc, ValueError)
+    assert isinstance(exc, RemoteError)
+    assert str(exc) == crashers.LONG_MESSAGE  # whole, not cut at 10,000 characters
+
+
 FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], bool]] = [
     # (name, task, check of the error, needs the timeout)
     ("segfault", crashers.segfault, _check_segfault, False),
@@ -100,6 +106,7 @@ FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], boo
     ("exception class inside the task", crashers.raise_local_class, _check_local, False),
     ("unpicklable result", crashers.unpicklable_result, _check_result, False),
     ("fd 2 write then raise", crashers.write_fd2_then_raise, _check_fd2, False),
+    ("error over 10,000 characters", crashers.raise_long_error, _check_long, False),
 ]
 
 

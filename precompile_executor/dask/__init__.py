@@ -1,0 +1,10 @@
+"""Run ``precompile_executor`` tasks on a dask cluster: one node-local pool per dask worker.
+
+``pip install 'precompile-executor[dask]'``; see ``docs/dask.md``. Importing this package imports
+``distributed`` but neither torch nor triton.
+"""
+
+from ._executor import DaskExecutorStatistics, DaskPrecompileExecutor, NodeLostError
+from ._plugin import NodePlugin
+
+__all__ = ["DaskExecutorStatistics", "DaskPrecompileExecutor", "NodeLostError", "NodePlugin"]

@@ -1,0 +1,134 @@
+"""What runs on a node (a dask worker process): the dask task function and the control calls.
+
+Threads on a node:
+
+* a dask executor thread runs :func:`run_task` for one task: it hands the pre-pickled call to
+  the node's :class:`~._plugin.NodePlugin` pool, reports the start on the executor's event topic
+  and blocks until the node-local future resolves;
+* the dask worker's event loop runs :func:`describe`, :func:`kill` and :func:`warm_up`
+  (through ``Client.run``); none of them blocks the loop;
+* the node-local ``PrecompileExecutor``'s own threads own the pool workers, their timeouts,
+  group kills, output capture and classification — exactly as on one machine.
+
+Everything that crosses to the caller is a plain :data:`Outcome` (bytes, str, numbers): the
+scheduler and dask's serialization never meet a user object, a user exception or Triton.
+This module imports nothing heavy at import time, so a scheduler can unpickle a task that names
+:func:`run_task` without Triton or the user's modules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from typing import Any
+
+Outcome = dict[str, Any]
+"""``status``: ``"ok"`` (``value``: the cloudpickled result), ``"error"`` (``error``: the pickled
+exception, a ``RemoteError`` proxy as a plain record; ``classification``), or ``"refused"``
+(``reason``: ``"cancelled"``, ``"node-changed"`` or ``"unavailable"``; ``message``). Always also
+``output`` (str), ``pid`` (int) and ``elapsed_s`` (float)."""
+
+DAEMON_MESSAGE = (
+    "dask worker processes are daemonic and cannot start the node pool; start the cluster with "
+    "distributed.worker.daemon: False (dask.config.set({'distributed.worker.daemon': False}) "
+    "before LocalCluster/SpecCluster, or DASK_DISTRIBUTED__WORKER__DAEMON=False for dask worker)"
+)
+
+
+def refused(reason: str, message: str) -> Outcome:
+    """The outcome of a task the node did not run."""
+    return {
+        "status": "refused",
+        "reason": reason,
+        "message": message,
+        "output": "",
+        "pid": 0,
+        "elapsed_s": 0.0,
+    }
+
+
+def call_blob(blob: bytes) -> bytes:
+    """Run a pickled ``(fn, args, kwargs)`` in a node-local pool worker; return the result pickled.
+
+    The result is pickled here, in the pool worker, so the dask worker in between only ever holds
+    bytes: a result class it cannot import never reaches it.
+    """
+    import cloudpickle
+
+    from precompile_executor import ResultSerializationError
+
+    fn, args, kwargs = cloudpickle.loads(blob)
+    value = fn(*args, **kwargs)
+    try:
+        return bytes(cloudpickle.dumps(value))
+    except Exception as exc:
+        raise ResultSerializationError(
+            f"the task's result could not be pickled in the worker: {type(exc).__name__}: {exc}. "
+            "Return plain data."
+        ) from exc
+
+
+def _plugin(name: str, dask_worker: Any = None) -> Any:
+    if dask_worker is None:
+        from distributed import get_worker
+
+        dask_worker = get_worker()
+    return dask_worker.plugins.get(name)
+
+
+def run_task(
+    plugin_name: str,
+    node_token: str,
+    key: str,
+    blob: bytes,
+    timeout: float | None,
+    with_output: bool,
+    topic: str,
+) -> Outcome:
+    """The dask task: run one call on this node's pool and return its :data:`Outcome`.
+
+    Never raises: a dask task that raised would travel as a pickled exception through dask's
+    own (truncating, type-losing) path, and a bad task must never hurt the dask worker.
+    """
+    try:
+        plugin = _plugin(plugin_name)
+        if plugin is None:
+            return refused("unavailable", f"this dask worker has no {plugin_name!r} plugin")
+        if node_token and plugin.token != node_token:
+            # The caller sent this to another incarnation of the node (same address, restarted):
+            # the task may have run and killed the old one; never run it again blindly.
+            return refused("node-changed", "the node restarted since the task was sent to it")
+        outcome: Outcome = plugin.run(key, blob, timeout, with_output, topic)
+        return outcome
+    except Exception as exc:  # noqa: BLE001 - the contract: never raise
+        return refused(
+            "unavailable", f"the node could not run the task: {type(exc).__name__}: {exc}"
+        )
+
+
+def describe(plugin_name: str, dask_worker: Any = None) -> dict[str, Any] | None:
+    """What the caller needs to know about this node (``Client.run``; on the event loop)."""
+    plugin = _plugin(plugin_name, dask_worker)
+    if plugin is None or not hasattr(plugin, "token"):
+        return None  # registration still under way: the caller asks again at its next refresh
+    return {"token": plugin.token, "window": plugin.window, "error": plugin.error}
+
+
+def kill(plugin_name: str, key: str, dask_worker: Any = None) -> bool:
+    """Cancel or kill ``key`` on this node (``Client.run``; returns at once, kills in a thread)."""
+    plugin = _plugin(plugin_name, dask_worker)
+    return bool(plugin is not None and plugin.kill(key))
+
+
+async def warm_up(plugin_name: str, timeout: float | None, dask_worker: Any = None) -> list[int]:
+    """Start this node's pool workers now and return their pids (``Client.run``)."""
+    plugin = _plugin(plugin_name, dask_worker)
+    if plugin is None:
+        raise RuntimeError(f"this dask worker has no {plugin_name!r} plugin")
+    pids: list[int] = await asyncio.to_thread(plugin.warm_up, timeout)
+    return pids
+
+
+def is_daemon() -> bool:
+    """Whether this process is daemonic (then it cannot start the node pool)."""
+    return bool(multiprocessing.current_process().daemon)
