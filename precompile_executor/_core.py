@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import CancelledError
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -77,8 +77,10 @@ class Core:
         ignore_errors: bool,
         devices: tuple[str, ...] | None,
         spare_workers: int,
+        start: Literal["template", "interpreter"] = "template",
     ) -> None:
         self.hub = hub
+        self.start = start
         self.lock = hub.lock
         self.changed = hub.changed
         self.max_workers = max_workers
@@ -229,6 +231,12 @@ class Core:
         starts: list[Action] = [self._new_worker() for _ in range(n)]
         return starts + self.spares_needed() if starts else starts
 
+    def effective_start(self) -> str:
+        """How this executor's workers start now (lock held)."""
+        if self.start == "template" and self.hub.template_refused(self.key) is None:
+            return "template"
+        return "interpreter"
+
     def device_key(self, device: str | None) -> bytes:
         """The pool key of this executor's workers pinned to ``device``."""
         return self.key if device is None else self.key + b"|device=" + device.encode()
@@ -242,7 +250,12 @@ class Core:
     def _new_worker(self, *, owned: bool = True) -> Launch:
         device = self._devices_least_used_first()[0]
         worker = self.hub.new_worker(
-            self.device_key(device), self if owned else None, self.idle_timeout_s, device
+            self.device_key(device),
+            self if owned else None,
+            self.idle_timeout_s,
+            device,
+            start=self.start,
+            template_key=self.key,
         )
         if owned:
             self.workers.add(worker)

@@ -48,7 +48,7 @@ import cloudpickle
 from ._core import AFTER_SHUTDOWN, Core
 from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
-from ._state import Task, TaskState
+from ._state import StopWorker, Task, TaskState
 from ._worker import Call
 
 log = logging.getLogger("precompile_executor")
@@ -56,6 +56,8 @@ log = logging.getLogger("precompile_executor")
 T = TypeVar("T")
 Path = Literal["spawn", "fork", "auto"]
 _PATHS = ("spawn", "fork", "auto")
+Start = Literal["template", "interpreter"]
+_STARTS = ("template", "interpreter")
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
@@ -78,6 +80,8 @@ class ExecutorStatistics:
         worker_restarts: workers replaced after a crash or a timeout kill.
         spawn_tasks: tasks started on the spawn path (warm pool).
         fork_tasks: tasks started on the fork path.
+        start: how this executor's spawn workers start: ``"template"`` or ``"interpreter"``
+            (``"interpreter"`` also when the template was found unsafe to fork).
     """
 
     queued: int
@@ -91,6 +95,7 @@ class ExecutorStatistics:
     worker_restarts: int
     spawn_tasks: int
     fork_tasks: int
+    start: str = "template"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +198,13 @@ class PrecompileExecutor(Executor):
         devices: pin spawn workers to these GPUs (``CUDA_VISIBLE_DEVICES`` set before each
             worker starts), spread evenly: ``max_workers=8, devices=[0, 1]`` gives 4 workers per
             GPU. A replacement worker goes to the device with the fewest. ``None``: no pinning.
+        start: how spawn workers start. ``"template"`` (default): one fresh interpreter per
+            worker kind (initializer, initargs) runs the initializer once — imports, a warm-up
+            compile — and forks each worker from that warm state in milliseconds, so a worker
+            lost to a crash or a timeout kill is replaced at once. If the initializer leaves
+            threads running or initializes CUDA, forking is unsafe: workers then start as
+            ``"interpreter"`` and the log says why, once. ``"interpreter"``: each worker is a
+            fresh interpreter that runs the initializer itself.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -211,6 +223,7 @@ class PrecompileExecutor(Executor):
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
         devices: Sequence[int | str] | None = None,
         spare_workers: int = 0,
+        start: Start = "template",
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -228,6 +241,8 @@ class PrecompileExecutor(Executor):
             raise TypeError(f"spare_workers must be an int >= 0, got {spare_workers!r}")
         if spare_workers < 0:
             raise ValueError(f"spare_workers must be >= 0, got {spare_workers}")
+        if start not in _STARTS:
+            raise ValueError(f"start must be 'template' or 'interpreter', got {start!r}")
         if not isinstance(ignore_errors, bool):
             raise TypeError(f"ignore_errors must be a bool, got {ignore_errors!r}")
         self._options = _Options(_check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
@@ -249,6 +264,7 @@ class PrecompileExecutor(Executor):
             ignore_errors,
             _check_devices(devices),
             spare_workers,
+            start,
         )
         self._base: PrecompileExecutor | None = None
         self._tasks: set[Task] = set()  # submitted through this object, future not yet set
@@ -485,6 +501,7 @@ class PrecompileExecutor(Executor):
                 worker_restarts=core.restarts,
                 spawn_tasks=core.spawn_tasks,
                 fork_tasks=core.fork_tasks,
+                start=core.effective_start(),
             )
 
     # -- shutting down ---------------------------------------------------------------------------
@@ -638,9 +655,12 @@ def stop_idle_workers(key: bytes | None = None) -> int:
         victims = [w for k in keys for w in hub.pool.pop(k, []) if w.state == "idle"]
         for worker in victims:
             hub.forget(worker)
-    from ._state import StopWorker
-
-    hub.run([StopWorker(w, kill=False) for w in victims])
+        # A warm template no live worker came from is only memory now: stop it too.
+        in_use = {w.template_key for w in hub.workers if w.kind == "spawn"}
+        templates = [t for k, t in hub.templates.items() if k not in in_use and not t.pending]
+        for template in templates:
+            hub.forget(template)
+    hub.run([StopWorker(w, kill=False) for w in victims + templates])
     return len(victims)
 
 

@@ -41,14 +41,26 @@ import weakref
 from collections.abc import Iterable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 from loky.backend import get_context
 
 from . import _process
 from ._errors import TaskTimeoutError, WorkerCrashedError, WorkerStartError, proxy_from_record
 from ._fork import fork_task
-from ._messages import Done, Hello, Run, Started, Stop, decode, encode
+from ._messages import (
+    Done,
+    Exited,
+    Forked,
+    ForkRefused,
+    ForkWorker,
+    Hello,
+    Run,
+    Started,
+    Stop,
+    decode,
+    encode,
+)
 from ._state import (
     Action,
     Doom,
@@ -62,12 +74,28 @@ from ._state import (
     TaskState,
     WorkerHandle,
 )
+from ._template import serve_template
 from ._worker import read_capture_file, serve
 
 log = logging.getLogger("precompile_executor")
 
 _LOKY = get_context("loky")
 """loky's start method: a fresh interpreter (fork + exec), arguments pickled with cloudpickle."""
+
+THREAD_LIMIT_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+"""Set to 1 in every worker (unless the caller set them): one worker per core should not start
+a BLAS/OpenMP thread pool of its own (loky's executors limit them likewise), and an imported
+numpy or torch then leaves a template single-threaded, so it can fork."""
+
+TEMPLATE_FAILURES_BEFORE_FALLBACK = 2
+"""A template that dies this many times without serving a fork is given up for its kind:
+workers of that kind then start as fresh interpreters."""
 
 WORKER_START_TIMEOUT_S = 600.0
 """How long a new worker may take to start and run its initializer (``import torch`` is slow
@@ -100,6 +128,10 @@ class Hub:
         self._unknown: list[Connection] = []
         self._starting: dict[str, WorkerHandle] = {}
         self.pool: dict[bytes, list[WorkerHandle]] = {}  # idle workers no executor holds
+        self.templates: dict[bytes, WorkerHandle] = {}  # the warm template of each worker kind
+        self._no_template: dict[bytes, str] = {}  # kinds that start as interpreters, and why
+        self._template_deaths: dict[bytes, int] = {}
+        self._exit_codes: dict[int, int] = {}  # template-forked workers' exit codes, by pid
         self.workers: set[WorkerHandle] = set()  # every worker not yet dead
         self.cores: weakref.WeakSet[Any] = weakref.WeakSet()
         self.closed = False
@@ -129,12 +161,25 @@ class Hub:
             os.write(self._wake_w, b"x")
 
     def new_worker(
-        self, key: bytes, owner: Owner | None, idle_timeout_s: float | None, device: str | None
+        self,
+        key: bytes,
+        owner: Owner | None,
+        idle_timeout_s: float | None,
+        device: str | None,
+        *,
+        start: Literal["template", "interpreter"] = "interpreter",
+        template_key: bytes = b"",
     ) -> WorkerHandle:
         """Register a spawn worker in state ``starting`` (``lock`` held); launch it with
         a :class:`Launch` action."""
         worker = WorkerHandle(
-            "spawn", key, self.new_capture_path(), device=device, idle_timeout_s=idle_timeout_s
+            "spawn",
+            key,
+            self.new_capture_path(),
+            device=device,
+            idle_timeout_s=idle_timeout_s,
+            start=start,
+            template_key=template_key,
         )
         worker.owner = owner
         self._starting[worker.token] = worker
@@ -243,22 +288,30 @@ class Hub:
         self.wake()
 
     def _launch(self, worker: WorkerHandle, init_blob: bytes | None) -> None:
-        """Start a fresh interpreter that runs the serve loop for ``worker`` (job pool)."""
+        """Start a spawn worker (job pool): forked from its kind's warm template, or as a
+        fresh interpreter."""
+        if worker.start == "template":
+            with self.lock:
+                reason = self._no_template.get(worker.template_key)
+            if reason is None:
+                self._fork_from_template(worker, init_blob)
+                return
+        self._start_process(worker, serve, init_blob)
+
+    def _start_process(self, worker: WorkerHandle, target: Any, init_blob: bytes | None) -> None:
+        """Start a fresh interpreter (loky) running ``target`` for ``worker``."""
         try:
             with self.lock:
                 if self.closed or worker.is_dead():
                     return
-            env = None
+            env = {v: "1" for v in THREAD_LIMIT_VARS if v not in os.environ}
             if worker.device is not None:
                 # Set before the interpreter starts, so CUDA only ever sees this one device.
-                env = {
-                    "CUDA_VISIBLE_DEVICES": worker.device,
-                    "PRECOMPILE_EXECUTOR_DEVICE": worker.device,
-                }
+                env["CUDA_VISIBLE_DEVICES"] = env["PRECOMPILE_EXECUTOR_DEVICE"] = worker.device
             process = _LOKY.Process(
-                target=serve,
+                target=target,
                 args=(self.address, worker.token, worker.capture_path, init_blob),
-                name=f"precompile-worker-{worker.id}",
+                name=f"precompile-{worker.kind}-{worker.id}",
                 env=env,
             )
             process.start()
@@ -275,6 +328,138 @@ class Hub:
             self._retire(worker)
             return
         self.wake()  # watch its sentinel from now on
+
+    # -- warm templates --------------------------------------------------------------------------
+
+    def _fork_from_template(self, worker: WorkerHandle, init_blob: bytes | None) -> None:
+        key = worker.template_key
+        with self.lock:
+            if self.closed or worker.is_dead():
+                return
+            template = self.templates.get(key)
+            new = template is None or template.is_dead()
+            if template is None or template.is_dead():
+                template = WorkerHandle(
+                    "template",
+                    key,
+                    self.new_capture_path(),
+                    idle_timeout_s=worker.idle_timeout_s,
+                    template_key=key,
+                )
+                self.templates[key] = template
+                self._starting[template.token] = template
+                self.workers.add(template)
+            template.pending.append(worker)
+            ready = template.state == "idle"
+        if new:
+            log.debug("starting a warm template for a worker kind")
+            self._start_process(template, serve_template, init_blob)
+        elif ready:
+            self._ask_fork(template, [worker])
+
+    def _ask_fork(self, template: WorkerHandle, workers: list[WorkerHandle]) -> None:
+        with self.lock:
+            template.since = time.monotonic()
+        with template.send_lock:
+            conn = template.conn
+            for worker in workers:
+                try:
+                    if conn is None or conn.closed:
+                        raise OSError("template socket closed")
+                    conn.send_bytes(
+                        encode(ForkWorker(worker.token, worker.capture_path, worker.device))
+                    )
+                except (OSError, ValueError):
+                    pass  # the template is dying: its end of file relaunches what it held
+
+    def _template_message(self, template: WorkerHandle, message: Any) -> None:
+        """A template reported a fork, a refusal or a dead child (monitor thread)."""
+        if isinstance(message, Exited):
+            with self.lock:
+                self._exit_codes[message.pid] = message.code
+                if len(self._exit_codes) > 10_000:  # never asked for: forget the oldest
+                    self._exit_codes.pop(next(iter(self._exit_codes)))
+                template.children = max(0, template.children - 1)
+                starting = [w for w in self._starting.values() if w.pid == message.pid]
+                self.changed.notify_all()
+            for early in starting:  # died before it said hello
+                self._start_failed(
+                    early,
+                    WorkerStartError(
+                        f"worker pid {message.pid} exited (code {message.code}) before it was "
+                        f"ready; its output:\n{read_capture_file(early.capture_path)[-2000:]}"
+                    ),
+                )
+            return
+        with self.lock:
+            worker = self._starting.get(message.token)
+            if worker is not None and worker in template.pending:
+                template.pending.remove(worker)
+            if isinstance(message, Forked):
+                template.children += 1
+                self._template_deaths.pop(template.key, None)
+                if worker is not None:
+                    worker.pid = message.pid
+                refused = None
+            else:
+                refused = message.reason
+                first = template.key not in self._no_template
+                self._no_template[template.key] = refused
+                pending, template.pending = template.pending, []
+        if isinstance(message, Forked):
+            self.guardian.watch(message.pid)
+            return
+        if first:
+            log.warning(
+                "workers of this kind start as fresh interpreters, not from a warm template: %s",
+                refused,
+            )
+        for other in [w for w in (worker, *pending) if w is not None]:
+            self._submit_job(self._start_process, other, serve, self._init_blob_of(other))
+
+    def template_refused(self, key: bytes) -> str | None:
+        """Why workers of kind ``key`` start as interpreters, or ``None`` (``lock`` held)."""
+        return self._no_template.get(key)
+
+    @staticmethod
+    def _init_blob_of(worker: WorkerHandle) -> bytes | None:
+        return worker.template_key or None  # a kind's key is its pickled initializer
+
+    def _template_gone(self, template: WorkerHandle, said_hello: bool) -> None:
+        """A template ended: its pending workers start again (a new template, or after repeated
+        deaths, fresh interpreters); a forked worker never depends on its template."""
+        with self.lock:
+            if self.templates.get(template.key) is template:
+                del self.templates[template.key]
+            pending, template.pending = template.pending, []
+            if not said_hello or pending:
+                deaths = self._template_deaths.get(template.key, 0) + 1
+                self._template_deaths[template.key] = deaths
+                if deaths >= TEMPLATE_FAILURES_BEFORE_FALLBACK:
+                    self._no_template.setdefault(
+                        template.key, f"its warm template died {deaths} times"
+                    )
+        for worker in pending:
+            self._submit_job(self._launch, worker, self._init_blob_of(worker))
+
+    def exit_code_of(self, worker: WorkerHandle, timeout_s: float = 5.0) -> int | None:
+        """A dead spawn worker's exit code (negative: the signal), waiting ``timeout_s`` at most:
+        from loky's process, or as its template reports it."""
+        process = worker.process
+        if process is not None:
+            process.join(timeout_s)
+            code: int | None = process.exitcode
+            return code
+        if worker.start != "template" or not worker.pid:
+            return None
+        end = time.monotonic() + timeout_s
+        with self.lock:
+            while worker.pid not in self._exit_codes:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None  # its template died too: nobody knows
+                self.changed.wait(left)
+            return self._exit_codes.pop(worker.pid)
 
     def _stop(self, worker: WorkerHandle, kill: bool) -> None:
         """Stop a worker already marked dead: ask its serve loop to return, or kill its group."""
@@ -299,6 +484,8 @@ class Hub:
         self.workers.discard(worker)
         self._starting.pop(worker.token, None)
         self._unpool(worker)
+        if worker.kind == "template" and self.templates.get(worker.key) is worker:
+            del self.templates[worker.key]
         self.changed.notify_all()
 
     def _start_failed(self, worker: WorkerHandle, error: BaseException) -> None:
@@ -308,6 +495,11 @@ class Hub:
             self.forget(worker)
             owner = worker.owner
             actions = owner.worker_failed_to_start(worker, error) if owner is not None else []
+        if worker.kind == "template":
+            log.debug("a warm template failed to start: %s", error)
+            self._retire(worker)
+            self._template_gone(worker, said_hello=False)
+            return
         log.warning("a worker failed to start: %s", error)
         self._retire(worker)
         self.run(actions)
@@ -341,7 +533,7 @@ class Hub:
 
     def _reap(self, worker: WorkerHandle, task: Task | None) -> None:
         """A worker's socket closed: get its exit code, report its started task (job pool)."""
-        code = _reap_child(worker.pid) if worker.kind == "fork" else _spawn_exit_code(worker)
+        code = _reap_child(worker.pid) if worker.kind == "fork" else self.exit_code_of(worker)
         output = read_capture_file(worker.capture_path) if task is not None else ""
         self._retire(worker)
         if task is None:
@@ -452,7 +644,7 @@ class Hub:
         with self.lock:
             if worker.state != "starting":
                 return
-        code = _spawn_exit_code(worker)
+        code = self.exit_code_of(worker)
         self._start_failed(
             worker,
             WorkerStartError(
@@ -483,6 +675,11 @@ class Hub:
             self._done(conn, message)
         elif isinstance(message, Hello):
             self._hello(conn, message)
+        elif isinstance(message, (Forked, ForkRefused, Exited)):
+            with self.lock:
+                template = self.conns.get(conn)
+            if template is not None and template.kind == "template":
+                self._template_message(template, message)
 
     def _hello(self, conn: Connection, message: Hello) -> None:
         actions: list[Action] = []
@@ -496,9 +693,12 @@ class Hub:
             worker.pid = message.pid
             worker.conn = conn
             self.conns[conn] = worker
+            pending: list[WorkerHandle] = []
             if message.failure is None:
                 worker.ready(time.monotonic())
-                if worker.owner is not None:
+                if worker.kind == "template":
+                    pending = list(worker.pending)
+                elif worker.owner is not None:
                     actions = worker.owner.worker_ready(worker)
                 else:
                     self.put_pooled(worker, worker.since)
@@ -511,9 +711,16 @@ class Hub:
                 f"{failure.exc_type}: {failure.message}"
             )
             error.__cause__ = proxy_from_record(failure)
+            if worker.kind == "template":  # the initializer fails: in every worker of the kind
+                with self.lock:
+                    doomed, worker.pending = worker.pending, []
+                for waiting in doomed:
+                    self._start_failed(waiting, error)
             self._start_failed(worker, error)
             return
-        log.debug("worker pid %d ready", message.pid)
+        log.debug("%s pid %d ready", worker.kind, message.pid)
+        if pending:
+            self._ask_fork(worker, pending)
         self.run(actions)
 
     def _started(self, conn: Connection, message: Started) -> None:
@@ -570,6 +777,8 @@ class Hub:
         with worker.send_lock, contextlib.suppress(OSError):
             conn.close()  # the monitor's own thread, and no send in progress: safe
             worker.conn = None
+        if worker.kind == "template":
+            self._template_gone(worker, said_hello=True)
         self._submit_job(self._reap, worker, started)
         self.run(actions)
 
@@ -584,6 +793,8 @@ class Hub:
             if worker.state == "busy":
                 if task is not None and task.deadline is not None and task.doom is None:
                     when = task.deadline
+            elif worker.kind == "template" and (worker.children or worker.pending):
+                pass  # a template lives while a worker it forked does
             elif worker.state == "idle" and worker.idle_timeout_s is not None:
                 when = worker.since + worker.idle_timeout_s
             elif worker.state == "starting":
@@ -604,7 +815,7 @@ class Hub:
                     if task.deadline is not None and task.doom is None and now >= task.deadline:
                         task.doom = Doom("timeout", now)
                         kills.append(worker)
-                elif worker.idle_expired(now):
+                elif worker.idle_expired(now) and not (worker.children or worker.pending):
                     # Taken out of every idle list in this same step: no dispatch can pick it.
                     owner = worker.owner
                     self.forget(worker)
@@ -701,16 +912,6 @@ def _reap_child(pid: int) -> int | None:
             _process.kill_group(pid, grace_s=0)
             deadline = time.monotonic() + 5.0
         time.sleep(0.005)
-
-
-def _spawn_exit_code(worker: WorkerHandle) -> int | None:
-    """A dead spawn worker's exit code (negative: the signal), waiting 5 s at most."""
-    process = worker.process
-    if process is None:
-        return None
-    process.join(5.0)
-    code: int | None = process.exitcode
-    return code
 
 
 _hub: Hub | None = None

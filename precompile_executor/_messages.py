@@ -3,6 +3,8 @@
 Parent → worker: :class:`Run`, :class:`Stop`. Worker → parent: :class:`Hello` once, then per
 task :class:`Started` (before the task's code runs, so the parent knows a task that never
 started from one that did) and :class:`Done`. A forked child sends only :class:`Done`.
+Parent → template: :class:`ForkWorker`, :class:`Stop`; template → parent: :class:`Hello`, then
+:class:`Forked` or :class:`ForkRefused` per request and :class:`Exited` per worker it reaps.
 
 Both sides import this module; it imports nothing of the library but the error record.
 """
@@ -54,8 +56,42 @@ class Done(NamedTuple):
     retire: bool = False
 
 
-Message = Union[Run, Stop, Hello, Started, Done]  # noqa: UP007 - NamedTuples in a runtime alias
-_TYPES: dict[str, type[Any]] = {t.__name__: t for t in (Run, Stop, Hello, Started, Done)}
+class ForkWorker(NamedTuple):
+    """Parent → template: fork a worker that says hello as ``token`` (pinned to ``device``)."""
+
+    token: str
+    capture_path: str
+    device: str | None
+
+
+class Forked(NamedTuple):
+    """Template → parent: the worker for ``token`` is process ``pid``."""
+
+    token: str
+    pid: int
+
+
+class ForkRefused(NamedTuple):
+    """Template → parent: forking now would be unsafe (``reason``); start it another way."""
+
+    token: str
+    reason: str
+
+
+class Exited(NamedTuple):
+    """Template → parent: its forked worker ``pid`` ended with ``code`` (negative: signal)."""
+
+    pid: int
+    code: int
+
+
+Message = Union[  # noqa: UP007 - NamedTuples in a runtime alias
+    Run, Stop, Hello, Started, Done, ForkWorker, Forked, ForkRefused, Exited
+]
+_TYPES: dict[str, type[Any]] = {
+    t.__name__: t
+    for t in (Run, Stop, Hello, Started, Done, ForkWorker, Forked, ForkRefused, Exited)
+}
 
 
 def encode(message: Message) -> bytes:

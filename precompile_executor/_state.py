@@ -149,16 +149,22 @@ class WorkerHandle:
 
     def __init__(
         self,
-        kind: Literal["spawn", "fork"],
+        kind: Literal["spawn", "fork", "template"],
         key: bytes,
         capture_path: str,
         *,
         device: str | None = None,
         idle_timeout_s: float | None = None,
+        start: Literal["template", "interpreter"] = "interpreter",
+        template_key: bytes = b"",
     ) -> None:
         self.id = next(self._ids)
         self.kind = kind
         self.key = key
+        self.start = start  # spawn workers: forked from the warm template, or a fresh interpreter
+        self.template_key = template_key  # the template that serves this kind (initializer)
+        self.pending: list[WorkerHandle] = []  # templates: workers asked for, not yet forked
+        self.children = 0  # templates: forked workers still alive
         self.capture_path = capture_path
         self.device = device
         self.idle_timeout_s = idle_timeout_s

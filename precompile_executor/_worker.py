@@ -192,7 +192,10 @@ def become_group_leader() -> None:
 
 
 def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:
-    """The loky task that turns a loky worker into one of ours; returns when told to stop.
+    """A spawn worker's life: connect, run the initializer, then serve tasks until told to stop.
+
+    Runs in a fresh interpreter started by loky, or in a child forked from a warm template
+    (:mod:`._template`, ``init_blob`` ``None``: the template ran it already).
 
     Args:
         address: the parent's Unix socket.
@@ -201,6 +204,20 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
         init_blob: cloudpickled ``(initializer, initargs)``, or ``None``.
     """
     become_group_leader()
+    conn, capture, ok = connect_and_initialize(address, token, capture_path, init_blob)
+    if ok:
+        serve_tasks(conn, capture)
+    conn.close()
+
+
+def connect_and_initialize(
+    address: str, token: str, capture_path: str, init_blob: bytes | None
+) -> tuple[Connection, OutputCapture, bool]:
+    """Connect to the parent, capture fd 1/2, run the initializer and say hello.
+
+    A parent that is gone already makes the connect fail, so the process ends rather than
+    outliving it. Returns the socket, the capture, and whether the initializer succeeded.
+    """
     conn: Connection = Client(address, family="AF_UNIX")
     capture = OutputCapture(capture_path)
     pid = os.getpid()
@@ -213,9 +230,11 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
         except BaseException as exc:  # noqa: BLE001
             failure = record_from_exception(exc, traceback.format_exc(), capture.read(), pid)
     conn.send_bytes(encode(Hello(token, pid, failure)))
-    if failure is not None:
-        conn.close()
-        return
+    return conn, capture, failure is None
+
+
+def serve_tasks(conn: Connection, capture: OutputCapture) -> None:
+    """Run each task the parent sends until it says stop or goes away."""
     while True:
         try:
             message = decode(conn.recv_bytes())
@@ -232,4 +251,3 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
             break
         if retire:
             break  # this process's CUDA context is unusable: the parent replaces it
-    conn.close()

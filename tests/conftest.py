@@ -45,7 +45,11 @@ def _pooled_worker_pids() -> set[int]:
     if hub is None:
         return set()
     with hub.lock:
-        return {w.pid for w in hub.workers if w.kind == "spawn" and w.state in ("idle", "starting")}
+        return {
+            w.pid
+            for w in hub.workers
+            if (w.kind == "spawn" and w.state in ("idle", "starting")) or w.kind == "template"
+        }
 
 
 def stray_processes(timeout_s: float = 10.0) -> list[psutil.Process]:

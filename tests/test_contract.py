@@ -192,7 +192,10 @@ def test_second_executor_reuses_the_same_worker_processes() -> None:
         assert second.statistics().worker_restarts == 0
 
 
-def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: os.PathLike[str]) -> None:
+@pytest.mark.parametrize("start", ["interpreter", "template"])
+def test_initializer_runs_once_per_worker_kind_and_keys_the_pool(
+    tmp_path: os.PathLike[str], start: str
+) -> None:
     marker = os.path.join(str(tmp_path), "inits")
 
     def init(path: str) -> None:
@@ -200,14 +203,20 @@ def test_initializer_runs_once_per_worker_and_keys_the_pool(tmp_path: os.PathLik
             f.write(f"{os.getpid()}\n")
         os.environ["PRECOMPILE_TEST_INIT"] = "yes"
 
-    with PrecompileExecutor(2, initializer=init, initargs=(marker,)) as executor:
+    with PrecompileExecutor(2, initializer=init, initargs=(marker,), start=start) as executor:
         pids = executor.warm_up(timeout=60)
         assert (
             executor.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30)
             == "yes"
         )
+        assert executor.statistics().start == start
     with open(marker) as f:
-        assert sorted(int(line) for line in f) == sorted(pids)
+        ran_in = sorted(int(line) for line in f)
+    if start == "interpreter":
+        assert ran_in == sorted(pids)  # once in each worker
+    else:
+        # once, in the template; the workers forked from it inherit what it did
+        assert len(ran_in) == 1 and ran_in[0] not in pids
     with PrecompileExecutor(2) as plain:  # another initializer: other workers
         assert (
             plain.submit(lambda: os.environ.get("PRECOMPILE_TEST_INIT")).result(timeout=30) is None

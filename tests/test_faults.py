@@ -262,7 +262,11 @@ def test_a_warm_spare_replaces_a_dead_worker_at_once(tmp_path: Path) -> None:
         with open(os.path.join(marker_dir, str(os.getpid())), "w"):
             pass
 
-    with PrecompileExecutor(1, initializer=init, initargs=(str(tmp_path),), spare_workers=1) as ex:
+    # Interpreter starts: each worker runs the initializer itself, so the markers tell which
+    # processes paid it (from a template, the initializer runs once, in the template).
+    with PrecompileExecutor(
+        1, initializer=init, initargs=(str(tmp_path),), spare_workers=1, start="interpreter"
+    ) as ex:
         (first,) = ex.warm_up(timeout=60)
         deadline = time.monotonic() + 30
         while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:

@@ -31,6 +31,7 @@ from ._driver import CompileOnlyDriver, compile_only_driver
 from ._errors import CacheKeyMismatchError, KernelTransferError, UnsupportedTritonError
 from ._kernel_ref import KernelRef, kernel_ref, load_kernel, unwrap_jit_function
 from ._messages import CompiledArtifacts, CompileRequest
+from ._prewarm import prewarm
 from ._submit import CompileJob, precompile
 from ._target import format_target, parse_target
 from ._warm import (
@@ -75,6 +76,7 @@ __all__ = [
     "launch",
     "load_kernel",
     "parse_target",
+    "prewarm",
     "precompile",
     "unwrap_jit_function",
     "warm",

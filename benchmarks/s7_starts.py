@@ -1,0 +1,190 @@
+"""Scenario 7: starting workers — forked from a warm template vs a fresh interpreter each.
+
+For each start mode (``start="interpreter"``: every worker a fresh interpreter that imports torch
+and triton itself; ``start="template"``: one interpreter per worker kind imports them once and
+forks every worker from that warm state), measured in the same run: ``warm_up()`` of one worker
+and of all the workers (fresh pools: no pooled worker, no template left from before); how long
+a lost worker takes to be replaced — from the moment a task SIGKILLs its own worker, or a task
+is killed at its timeout, to the moment the next task starts on the replacement; the memory a
+worker holds alone (USS); and the fault batch of scenario 3 (configs + hanging + crashing tasks)
+against its budget.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+import precompile_executor as pe
+
+from . import _batch
+from ._common import Context, memory_mib
+from ._kernels import configs, warm_compile
+from ._report import Section, Table, Target
+from ._tasks import import_torch_triton
+from .s3_faults import _submit_all, faulty_batch
+
+MODES = ("interpreter", "template")
+
+
+def _stamp() -> float:
+    """When this task started (``time.monotonic`` is system-wide on Linux)."""
+    return time.monotonic()
+
+
+def _crash_at() -> None:
+    """SIGKILL this worker (what the OOM killer does)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hang() -> None:
+    time.sleep(3600)
+
+
+def _import_and_compile(label: str) -> None:
+    """Initializer: import torch and triton and compile one unrelated kernel (a warm compiler)."""
+    import_torch_triton(label)
+    warm_compile()
+
+
+def _fresh(
+    mode: str, workers: int, label: str, initializer: Any = import_torch_triton
+) -> pe.PrecompileExecutor:
+    pe.stop_idle_workers()  # no pooled worker and no template from an earlier measurement
+    return pe.PrecompileExecutor(
+        workers,
+        initializer=initializer,
+        initargs=(f"{label}-{mode}-{time.monotonic()}",),  # a worker kind of its own
+        start=mode,  # type: ignore[arg-type]
+    )
+
+
+def _warm_up_s(mode: str, workers: int) -> tuple[float, list[int], pe.PrecompileExecutor]:
+    ex = _fresh(mode, workers, "warm")
+    t0 = time.monotonic()
+    pids = ex.warm_up(timeout=600)
+    return time.monotonic() - t0, pids, ex
+
+
+def _replacement_s(ex: pe.PrecompileExecutor, how: str, timeout: float) -> float:
+    """From a worker's death (crash) or a timeout kill to the next task's start."""
+    view = ex.options(timeout=timeout)
+    submitted = time.monotonic()
+    failed = view.submit(_crash_at if how == "crash" else _hang)
+    nxt = view.submit(_stamp)
+    failed.exception(timeout=600)
+    start: float = nxt.result(timeout=600)
+    # The crashing task dies as soon as it starts (an idle worker takes it at once): count from
+    # its submit. The hanging one is killed at its deadline: count from submit + timeout.
+    return start - (submitted if how == "crash" else submitted + timeout)
+
+
+def run(ctx: Context) -> Section:
+    w = 1 if ctx.quick else ctx.workers
+    repeats = 1 if ctx.quick else 3
+    table = Table(
+        f"worker starts with torch and triton imported ({w} workers; seconds, median of "
+        f"{repeats}; USS in MiB)",
+        [
+            "start",
+            "warm_up() of 1 worker",
+            f"warm_up() of {w} workers",
+            f"{w} / 1",
+            "crash → next task starts",
+            "timeout kill → next task starts",
+            "USS / worker",
+            "fault batch / budget",
+        ],
+    )
+    results: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        ctx.log(f"s7: start={mode}")
+        ones, alls, crashes, kills, uss = [], [], [], [], []
+        for _ in range(repeats):
+            one, _, ex1 = _warm_up_s(mode, 1)
+            ex1.shutdown()
+            ones.append(one)
+            many, pids, ex = _warm_up_s(mode, w)
+            alls.append(many)
+            try:
+                uss += [u for u in (memory_mib(p)[1] for p in pids) if u is not None]
+                # one worker busy, so the replacement is the only place the next task can go
+                # when w == 1; with more workers the next task starts on an idle one: use 1
+                solo = pe.PrecompileExecutor(
+                    1,
+                    initializer=import_torch_triton,
+                    initargs=(f"solo-{mode}-{time.monotonic()}",),
+                    start=mode,  # type: ignore[arg-type]
+                )
+                solo.warm_up(timeout=600)
+                crashes.append(_replacement_s(solo, "crash", 600))
+                kills.append(_replacement_s(solo, "kill", 0.5))
+                solo.shutdown()
+            finally:
+                ex.shutdown()
+        ratio = _fault_batch(ctx, mode, w)
+        results[mode] = {
+            "one": statistics.median(ones),
+            "all": statistics.median(alls),
+            "crash": statistics.median(crashes),
+            "kill": statistics.median(kills),
+            "uss": statistics.median(uss) if uss else float("nan"),
+            "faults": ratio,
+        }
+        r = results[mode]
+        table.add(
+            mode,
+            f"{r['one']:.2f}",
+            f"{r['all']:.2f}",
+            f"{r['all'] / r['one']:.2f}×",
+            f"{r['crash']:.3f}",
+            f"{r['kill']:.3f}",
+            f"{r['uss']:.0f}",
+            f"{r['faults']:.2f}×",
+        )
+    pe.stop_idle_workers()
+    t = results["template"]
+    targets = [
+        Target("replacement after a crash, template start", t["crash"], "<=", 0.1, unit=" s"),
+        Target("replacement after a timeout kill, template start", t["kill"], "<=", 0.1, unit=" s"),
+        Target(f"warm_up() of {w} workers / of 1, template start", t["all"] / t["one"], "<=", 1.3),
+        Target("fault batch (1 hang + 1 crash) / budget, template start", t["faults"], "<=", 1.05),
+    ]
+    return Section(
+        "s7",
+        "7. Worker starts: warm template vs fresh interpreter",
+        __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
+        tables=[table],
+        targets=targets,
+        notes=[
+            "The crash column counts from the submit of the crashing task (it dies as soon as "
+            "it starts) to the start of the next task on the replacement; the kill column from "
+            "the hanging task's deadline (submit + 0.5 s timeout). One worker, so the next task "
+            "must wait for the replacement.",
+            "Fault batch: the scenario-3 batch (configs + 1 task hung in C + 1 crashing task) on "
+            f"{w} workers whose initializer imports torch and triton and compiles one unrelated "
+            "kernel (for 'template': once, in the template; for 'interpreter': in each new "
+            "worker); budget = its fault-free wall + timeout / workers.",
+        ],
+    )
+
+
+def _fault_batch(ctx: Context, mode: str, w: int) -> float:
+    cfgs = configs(ctx.n_configs, ctx.quick)
+    warm_compile()
+    times = _batch.warm_times(ctx, cfgs)
+    timeout = max(2.0 if ctx.quick else 5.0, 3 * max(times.values()))
+    ex = _fresh(mode, w, "faults", _import_and_compile)
+    view = ex.options(timeout=timeout)
+    try:
+        _batch.warm_workers(ex)
+        clean = _batch.on_executor(view, cfgs, ctx.fresh_dir("ff")).wall_s
+        _batch.warm_workers(ex)
+        log = ctx.fresh_dir("log") + "/starts.log"
+        run: Any = _submit_all(view.submit, faulty_batch(cfgs, ctx.fresh_dir("f"), log, 1, 1), log)
+    finally:
+        ex.shutdown()
+    return float(run.wall_s / (clean + timeout / w))

@@ -1,0 +1,52 @@
+"""A worker initializer that pays a process's cold first compile before the first real one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.compiler import ASTSource
+
+from ._target import parse_target
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2, mask=mask)
+
+
+def prewarm(target: str = "cuda:90") -> None:
+    """Import torch and triton and compile one tiny kernel for ``target`` (no GPU needed).
+
+    The first compile in a process costs about 0.35 s more than the same compile later in it
+    (loading the compiler's libraries and dialects). Use this as a worker initializer — or call
+    it from yours — so that the first real config is not the cold one:
+    ``PrecompileExecutor(initializer=prewarm, initargs=("cuda:90",))``. With the default
+    ``start="template"`` it runs once, in the template, and every worker forked from it starts
+    warm; it starts no thread and never touches CUDA, so the template stays safe to fork.
+
+    The kernel goes to a throw-away cache, never the caller's.
+    """
+    import torch  # noqa: F401 - what an autotuner's compile worker imports anyway
+
+    cache = tempfile.mkdtemp(prefix="precompile-prewarm-")
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = cache
+    try:
+        source = ASTSource(
+            fn=_double,
+            signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            constexprs={"BLOCK": 1024},
+        )
+        triton.compile(source, target=parse_target(target), options={"num_warps": 4})
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old
+        shutil.rmtree(cache, ignore_errors=True)
