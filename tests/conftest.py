@@ -126,7 +126,10 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         }
         for i in range(2)
     }
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}}
+    scheduler = {
+        "cls": Scheduler,
+        "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"},
+    }
     # The nanny reads this when it (re)starts a worker process: keep it set for the lifetime.
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=False)
