@@ -15,7 +15,7 @@ Layout (one job per module):
 * :mod:`benchmarks._pools` — uniform handles on the alternative pools (stdlib, loky, pebble).
 * :mod:`benchmarks._common` — the run context, timing, process inspection, the machine stamp.
 * :mod:`benchmarks._report` — tables, target ratios, Markdown and the plot.
-* ``s1_overhead`` … ``s7_starts`` — one module per scenario.
+* ``s1_overhead`` … ``s8_starts`` — one module per scenario.
 
 Nothing here is imported by the library or its tests except ``tests/test_benchmarks_smoke.py``,
 which runs the command in ``--quick`` mode.

@@ -61,7 +61,7 @@ SCENARIOS = {
     "s4": "benchmarks.s4_kill",
     "s5": "benchmarks.s5_memory",
     "s6": "benchmarks.s6_scaling",
-    "s7": "benchmarks.s7_starts",
+    "s8": "benchmarks.s8_starts",
 }
 
 EXIT_FAILED = 1

@@ -1,4 +1,4 @@
-"""Scenario 7: starting workers — forked from a warm template vs a fresh interpreter each.
+"""Scenario 8: starting workers — forked from a warm template vs a fresh interpreter each.
 
 For each start mode (``start="interpreter"``: every worker a fresh interpreter that imports torch
 and triton itself; ``start="template"``: one interpreter per worker kind imports them once and
@@ -101,7 +101,7 @@ def run(ctx: Context) -> Section:
     )
     results: dict[str, dict[str, float]] = {}
     for mode in MODES:
-        ctx.log(f"s7: start={mode}")
+        ctx.log(f"s8: start={mode}")
         ones, alls, crashes, kills, uss = [], [], [], [], []
         for _ in range(repeats):
             one, _, ex1 = _warm_up_s(mode, 1)
@@ -154,8 +154,8 @@ def run(ctx: Context) -> Section:
         Target("fault batch (1 hang + 1 crash) / budget, template start", t["faults"], "<=", 1.05),
     ]
     return Section(
-        "s7",
-        "7. Worker starts: warm template vs fresh interpreter",
+        "s8",
+        "8. Worker starts: warm template vs fresh interpreter",
         __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
         tables=[table],
         targets=targets,
