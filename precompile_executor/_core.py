@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from . import _scheduler
+from ._costs import CostModel
 from ._errors import (
     Classification,
     RemoteError,
@@ -85,8 +86,8 @@ class TaskTimeline:
         started: the worker's ``Started`` arrived; the in-worker clock starts.
         done: the worker's ``Done`` was handled (its result is in this process).
         decoded: the result was unpickled (or the error rebuilt).
-        settled: the future was set and its done-callbacks ran (for a Triton compile, that
-            includes installing the artifacts: see ``CompileJob.installed_at``).
+        settled: the future was set (its done-callbacks run right after: for a Triton compile,
+            installing the artifacts, see ``CompileJob.installed_at``).
         future: the task's future (to join with other records).
     """
 
@@ -164,6 +165,8 @@ class Core:
         self.timed_out = self.crashed = self.restarts = 0
         self.spawn_tasks = self.fork_tasks = 0
         self.timeline: deque[TaskTimeline] = deque(maxlen=TIMELINE_LIMIT)
+        self.learned: set[CostModel] = set()  # cost models with observations not yet saved
+        self.saving = 0  # settle threads writing cost histories
         hub.cores.add(self)
 
     # -- submitting (lock held) -----------------------------------------------------------------
@@ -188,8 +191,9 @@ class Core:
         return [t for q in self.queues.values() for _, t in q if not t.future.cancelled()]
 
     def busy(self) -> bool:
-        """Whether anything of this executor is queued, in flight or unsettled (lock held)."""
-        return bool(self.in_flight or self.unsettled or self.queued())
+        """Whether anything of this executor is queued, in flight, unsettled or being saved
+        (lock held)."""
+        return bool(self.in_flight or self.unsettled or self.saving or self.queued())
 
     # -- dispatch (lock held) -------------------------------------------------------------------
 
@@ -351,6 +355,7 @@ class Core:
             task.worker_pid = worker.pid
         if task.cost is not None and task.costs is not None and task.started_at is not None:
             task.costs.observe(task.cost, (now - task.started_at) / task.n)
+            self.learned.add(task.costs)
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.free(time.monotonic())
@@ -433,9 +438,11 @@ class Core:
             ok, value = self._decode(task, outcome)
         except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
             ok, value = False, self._error(_unpickle_error(exc, task))
-        decoded_at = time.monotonic()
+        task.decoded_at = time.monotonic()
         with self.lock:
-            task.decoded_at = decoded_at
+            # Recorded before the future is set, so whoever waited on it finds its record.
+            task.settled_at = time.monotonic()
+            self.timeline.append(_timeline(task, ok))
             if ok:
                 self.completed += 1
             else:
@@ -452,17 +459,28 @@ class Core:
         except BaseException:  # noqa: BLE001 - a done-callback's error is the stdlib's to log
             log.exception("setting a future raised")
         finally:
-            settled_at = time.monotonic()
             with self.lock:
-                task.settled_at = settled_at
-                self.timeline.append(_timeline(task, ok))
                 self.unsettled -= 1
                 if task.origin is not None:
                     task.origin.discard(task)
-                idle = not self.busy()
+                save: list[CostModel] = []
+                if self.learned and not self.busy():
+                    save, self.learned = list(self.learned), set()
+                    self.saving += 1
                 self.changed.notify_all()
-            if idle and task.costs is not None:
-                task.costs.save()  # the batch is over: keep what it taught for the next run
+            if save:
+                self._save(save)
+
+    def _save(self, models: list[CostModel]) -> None:
+        """The batch is over: keep what it taught for the next run (a settle thread, no lock).
+        Counted as busy meanwhile, so ``shutdown(wait=True)`` returns with the files written."""
+        try:
+            for model in models:
+                model.save()
+        finally:
+            with self.lock:
+                self.saving -= 1
+                self.changed.notify_all()
 
     def _decode(self, task: Task, outcome: Any) -> tuple[bool, Any]:
         if isinstance(outcome, BaseException):

@@ -111,7 +111,7 @@ class Task:
     queued_at: float | None = None  # first enqueued
     done_at: float | None = None  # its Done message handled (the worker's result is here)
     decoded_at: float | None = None  # its outcome decoded, about to set the future
-    settled_at: float | None = None  # future set and its done-callbacks run
+    settled_at: float | None = None  # about to set the future (callbacks run after)
     worker_pid: int = 0  # the process that returned its Done
 
     def sort_key(self) -> tuple[float, float, int]:
