@@ -122,7 +122,15 @@ def draw(
             for kind, a, b, h in spans:
                 if a is None or b is None or b <= a:
                     continue
-                ax.barh(y, b - a, left=a - t0, height=h, color=colors[kind], linewidth=0)
+                ax.barh(
+                    y,
+                    b - a,
+                    left=a - t0,
+                    height=h,
+                    color=colors[kind],
+                    linewidth=0,
+                    zorder=1 if kind == "queued" else 2,  # waiting never hides running
+                )
             ax.text(
                 (r.started or 0.0) - t0 + 0.01,
                 y,
