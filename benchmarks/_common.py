@@ -42,6 +42,8 @@ class Context:
         shared: results one scenario leaves for a later one (e.g. warm compile times); they
             travel between the scenario processes in a JSON file.
         started: ``time.monotonic()`` at the start of the run (the clock is system-wide).
+        out: the output directory (for a scenario's own figures, e.g. a Gantt chart).
+        contention: also measure fewer workers than cores and pinned workers (scenario 7).
     """
 
     quick: bool
@@ -52,6 +54,8 @@ class Context:
     cores: int
     shared: dict[str, Any] = dataclasses.field(default_factory=dict)
     started: float = dataclasses.field(default_factory=time.monotonic)
+    out: Path | None = None
+    contention: bool = False
     _dirs: int = 0
 
     def fresh_dir(self, label: str) -> str:

@@ -29,6 +29,9 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import precompile_executor as pe
+from precompile_executor.triton import triton_prior_s
+
 Config = tuple[int, int, int, int, int]
 """``(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)``."""
 
@@ -142,6 +145,21 @@ def compile_config(cfg: Config, cache_dir: str, log_path: str | None = None) -> 
         "pid": os.getpid(),
         "cubin_bytes": len(kernel.asm["cubin"]),
     }
+
+
+def _config_estimate(cfg: Config, cache_dir: str, log_path: str | None = None) -> pe.Estimate:
+    bm, bn, bk, stages, warps = cfg
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    return pe.Estimate(seconds=triton_prior_s(blocks, num_warps=warps, num_stages=stages))
+
+
+@pe.estimated_cost(_config_estimate)
+def compile_config_costed(
+    cfg: Config, cache_dir: str, log_path: str | None = None
+) -> dict[str, Any]:
+    """:func:`compile_config`, declaring its prior cost (the Triton config prior) to the executor:
+    what a compile function written for the executor does. The caller passes no hint."""
+    return compile_config(cfg, cache_dir, log_path)
 
 
 @contextmanager

@@ -90,3 +90,23 @@ def hang_with_grandchild(how: str, info_path: str) -> None:
         json.dump({"start": start, "pid": os.getpid(), "grandchild": child.pid}, f)
     os.replace(tmp, info_path)
     hang(how)
+
+
+def import_torch_triton_pinned(counter_path: str) -> None:
+    """Worker initializer: pin this worker to one core (the next one, round robin over the
+    usable cores, counted in ``counter_path`` under a file lock), then import torch and triton.
+
+    Compiler subprocesses (ptxas) inherit the pinning.
+    """
+    import fcntl
+
+    cores = sorted(os.sched_getaffinity(0))
+    with open(counter_path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        n = int(f.read() or 0)
+        f.seek(0)
+        f.truncate()
+        f.write(str(n + 1))
+    os.sched_setaffinity(0, {cores[n % len(cores)]})
+    import_torch_triton()

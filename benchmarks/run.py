@@ -8,7 +8,8 @@ Usage (from the repository root)::
 
 Options: ``--out DIR`` (default ``docs``), ``--workers N`` (default 2, or the usable cores if
 fewer), ``--configs N`` (default 12; 4 with ``--quick``), ``--repeats N`` (runs per measured
-strategy, median reported; default 3, 1 with ``--quick``), ``--only s1,s4`` (a subset).
+strategy, median reported; default 3, 1 with ``--quick``), ``--only s1,s4`` (a subset),
+``--contention`` (scenario 7 also measures fewer workers than cores, and pinned workers).
 
 This command is a supervisor that imports neither torch nor triton. It runs each scenario in a
 child interpreter of its own (which imports torch and triton first, as an autotuner's process
@@ -61,6 +62,7 @@ SCENARIOS = {
     "s4": "benchmarks.s4_kill",
     "s5": "benchmarks.s5_memory",
     "s6": "benchmarks.s6_scaling",
+    "s7": "benchmarks.s7_ordering",
     "s8": "benchmarks.s8_starts",
 }
 
@@ -85,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", type=int, default=None, help="configs in the batch (12)")
     p.add_argument("--repeats", type=int, default=None, help="runs per strategy (3)")
     p.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, e.g. s1,s4")
+    p.add_argument(
+        "--contention",
+        action="store_true",
+        help="s7: also measure fewer workers than cores, and workers pinned to cores",
+    )
     p.add_argument("--_scenario", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_state", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_t0", type=float, default=None, help=argparse.SUPPRESS)
@@ -287,6 +294,8 @@ def _scenario_process(args: argparse.Namespace) -> int:
         tmp=state / f"scratch-{key}",
         cores=cores,
         started=args._t0 if args._t0 is not None else time.monotonic(),
+        out=Path(args.out).resolve(),
+        contention=args.contention,
     )
     ctx.tmp.mkdir()
     shared_path = state / "shared.json"

@@ -5,7 +5,8 @@ package imports neither torch nor triton (``precompile_executor.triton`` does, o
 """
 
 from ._batch import completed_future, wait_for_all
-from ._core import TaskResult
+from ._core import TaskResult, TaskTimeline
+from ._costs import Estimate, estimated_cost
 from ._errors import (
     Classification,
     CudaInForkError,
@@ -18,6 +19,7 @@ from ._errors import (
 )
 from ._executor import (
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_WORKERS_PER_CORE,
     ExecutorStatistics,
     PrecompileExecutor,
     kill_running_futures,
@@ -30,20 +32,24 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_WORKERS_PER_CORE",
     "KILL_GRACE_S",
     "Classification",
     "CudaInForkError",
+    "Estimate",
     "ExecutorStatistics",
     "PrecompileExecutor",
     "RemoteError",
     "ResultSerializationError",
     "SerializationError",
     "TaskResult",
+    "TaskTimeline",
     "TaskTimeoutError",
     "WorkerCrashedError",
     "WorkerStartError",
     "completed_future",
     "kill_running_futures",
+    "estimated_cost",
     "stop_idle_workers",
     "wait_for_all",
     "worker_device",

@@ -5,6 +5,13 @@ Every method marked "lock held" runs under the hub's lock and returns the action
 The hub calls the :class:`._state.Owner` methods when a task starts, returns, is lost or fails,
 and when a worker is ready, gone or failed to start.
 
+Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
+order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
+When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
+its cost model; when the executor has nothing left to do, the settle thread that noticed writes
+the model's history file. Each settled task leaves a :class:`TaskTimeline` (at most
+:data:`TIMELINE_LIMIT`, oldest dropped).
+
 A task is resolved in one place: :meth:`Core._close` moves it to DONE under the lock (only the
 first caller wins) and emits a :class:`Settle` action; :meth:`Core.settle`, on a settle-pool
 thread, decodes the outcome and sets the future. Nothing else sets a task's future.
@@ -16,14 +23,15 @@ import dataclasses
 import heapq
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from typing import Any, Literal
 
 import cloudpickle
 
 from . import _scheduler
+from ._costs import CostModel
 from ._errors import (
     Classification,
     RemoteError,
@@ -56,6 +64,59 @@ class TaskResult:
     worker_pid: int
     elapsed_s: float
 
+
+@dataclasses.dataclass(frozen=True)
+class TaskTimeline:
+    """When one settled task passed each step, from :meth:`PrecompileExecutor.timeline`.
+
+    Times are ``time.monotonic()`` seconds in the caller's process; a step the task never
+    reached (a task that failed before it started) is ``None``.
+
+    Attributes:
+        task_id: the executor's id of the task (submission order).
+        function: what its cost is recorded under (``module:qualname``, ``triton:<kernel>``).
+        features: what described the call (its history key; ``""``: nothing).
+        path: ``"spawn"`` or ``"fork"``.
+        worker_pid: the process that ran it (0 if none returned it).
+        calls: calls in the task (``map(chunksize=n)`` sends n).
+        predicted_s: its predicted duration when it was queued (0: nothing was known).
+        ok: whether its future got a value (not an exception).
+        queued: submitted to the queue.
+        sent: written to a worker (or forked).
+        started: the worker's ``Started`` arrived; the in-worker clock starts.
+        done: the worker's ``Done`` was handled (its result is in this process).
+        decoded: the result was unpickled (or the error rebuilt).
+        settled: the future was set (its done-callbacks run right after: for a Triton compile,
+            installing the artifacts, see ``CompileJob.installed_at``).
+        future: the task's future (to join with other records).
+    """
+
+    task_id: int
+    function: str
+    features: str
+    path: str
+    worker_pid: int
+    calls: int
+    predicted_s: float
+    ok: bool
+    queued: float | None
+    sent: float | None
+    started: float | None
+    done: float | None
+    decoded: float | None
+    settled: float | None
+    future: Future[Any] = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def run_s(self) -> float | None:
+        """Seconds in the worker (``started`` to ``done``): what the cost model records."""
+        if self.started is None or self.done is None:
+            return None
+        return self.done - self.started
+
+
+TIMELINE_LIMIT = 10_000
+"""Timeline records an executor keeps (about 200 bytes each); older ones are dropped."""
 
 MAX_REQUEUES = 3
 """A task whose worker died before it started runs elsewhere; after this many such deaths in a
@@ -91,7 +152,10 @@ class Core:
         self.ignore_errors = ignore_errors
         self.devices = devices
         self.spare_workers = spare_workers
-        self.queues: dict[str, list[tuple[tuple[float, int], Task]]] = {"spawn": [], "fork": []}
+        self.queues: dict[str, list[tuple[tuple[float, float, int], Task]]] = {
+            "spawn": [],
+            "fork": [],
+        }
         self.in_flight: set[Task] = set()  # SENT or STARTED: each holds one of max_workers
         self.unsettled = 0  # closed, future not yet set
         self.workers: set[WorkerHandle] = set()  # this executor's live workers (both paths)
@@ -102,6 +166,9 @@ class Core:
         self.completed = self.failed = self.cancelled = 0
         self.timed_out = self.crashed = self.restarts = 0
         self.spawn_tasks = self.fork_tasks = 0
+        self.timeline: deque[TaskTimeline] = deque(maxlen=TIMELINE_LIMIT)
+        self.learned: set[CostModel] = set()  # cost models with observations not yet saved
+        self.saving = 0  # settle threads writing cost histories
         hub.cores.add(self)
 
     # -- submitting (lock held) -----------------------------------------------------------------
@@ -116,6 +183,8 @@ class Core:
             raise RuntimeError(AFTER_SHUTDOWN)
 
     def enqueue(self, task: Task) -> list[Action]:
+        if task.queued_at is None:
+            task.queued_at = time.monotonic()
         heapq.heappush(self.queues[task.path], (task.sort_key(), task))
         return self.pump()
 
@@ -124,8 +193,9 @@ class Core:
         return [t for q in self.queues.values() for _, t in q if not t.future.cancelled()]
 
     def busy(self) -> bool:
-        """Whether anything of this executor is queued, in flight or unsettled (lock held)."""
-        return bool(self.in_flight or self.unsettled or self.queued())
+        """Whether anything of this executor is queued, in flight, unsettled or being saved
+        (lock held)."""
+        return bool(self.in_flight or self.unsettled or self.saving or self.queued())
 
     # -- dispatch (lock held) -------------------------------------------------------------------
 
@@ -293,6 +363,12 @@ class Core:
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]:
         worker = task.worker
+        task.done_at = now = time.monotonic()
+        if worker is not None:
+            task.worker_pid = worker.pid
+        if task.cost is not None and task.costs is not None and task.started_at is not None:
+            task.costs.observe(task.cost, (now - task.started_at) / task.n)
+            self.learned.add(task.costs)
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.free(time.monotonic())
@@ -375,7 +451,11 @@ class Core:
             ok, value = self._decode(task, outcome)
         except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
             ok, value = False, self._error(_unpickle_error(exc, task))
+        task.decoded_at = time.monotonic()
         with self.lock:
+            # Recorded before the future is set, so whoever waited on it finds its record.
+            task.settled_at = time.monotonic()
+            self.timeline.append(_timeline(task, ok))
             if ok:
                 self.completed += 1
             else:
@@ -396,6 +476,23 @@ class Core:
                 self.unsettled -= 1
                 if task.origin is not None:
                     task.origin.discard(task)
+                save: list[CostModel] = []
+                if self.learned and not self.busy():
+                    save, self.learned = list(self.learned), set()
+                    self.saving += 1
+                self.changed.notify_all()
+            if save:
+                self._save(save)
+
+    def _save(self, models: list[CostModel]) -> None:
+        """The batch is over: keep what it taught for the next run (a settle thread, no lock).
+        Counted as busy meanwhile, so ``shutdown(wait=True)`` returns with the files written."""
+        try:
+            for model in models:
+                model.save()
+        finally:
+            with self.lock:
+                self.saving -= 1
                 self.changed.notify_all()
 
     def _decode(self, task: Task, outcome: Any) -> tuple[bool, Any]:
@@ -496,6 +593,27 @@ class Core:
             actions.append(StopWorker(worker, kill=False))
         self.idle.clear()
         return actions
+
+
+def _timeline(task: Task, ok: bool) -> TaskTimeline:
+    cost = task.cost
+    return TaskTimeline(
+        task_id=task.id,
+        function=cost.function if cost is not None else "",
+        features=cost.features if cost is not None else "",
+        path=task.path,
+        worker_pid=task.worker_pid,
+        calls=task.n,
+        predicted_s=task.predicted_s,
+        ok=ok,
+        queued=task.queued_at,
+        sent=task.sent_at,
+        started=task.started_at,
+        done=task.done_at,
+        decoded=task.decoded_at,
+        settled=task.settled_at,
+        future=task.future,
+    )
 
 
 def _start_error(error: BaseException) -> WorkerStartError:

@@ -1,16 +1,18 @@
 """``PrecompileExecutor``: a ``concurrent.futures.Executor`` on warm, reusable worker processes.
 
 This module is the public facade: settings and their validation, ``submit``/``map``, the
-``options()`` views, ``batch()``, ``warm_up()``, ``statistics()`` and shutting down. Scheduling
-lives in :mod:`._core` (one per executor), processes in :mod:`._hub` (one per process).
+``options()`` views, ``batch()``, ``warm_up()``, ``statistics()``, ``timeline()`` and shutting
+down. It also attaches each task's :class:`._costs.CostKey` and predicted cost at submit time.
+Scheduling lives in :mod:`._core` (one per executor), processes in :mod:`._hub` (one per process).
 
 Data flow::
 
     submit(fn, *args)                           (caller's thread)
       │  spawn path: cloudpickle (fn, args) now; a failure fails this future only
-      │  ("auto": fall back to the fork path)
+      │  ("auto": fall back to the fork path); predict its cost (_costs.CostModel)
       ▼
-    Core queues ── priority heaps, one per path; futures stay PENDING (cancel() works)
+    Core queues ── heaps keyed (-priority, -predicted cost, id), one per path; futures stay
+      │            PENDING (cancel() works); map() queues its whole input, then dispatches
       │  pump (under the hub lock): dispatch while tasks in flight < max_workers
       ├── spawn ──► idle worker ── Run ──► loky worker: serve loop ── Started, run, Done
       │              (none idle: take one from the Hub's pool, or start one with loky)
@@ -18,8 +20,9 @@ Data flow::
                                   │
     Hub monitor thread ◄──────────┘ one thread waits on every socket:
       Started → the task's clock starts (its deadline counts from here)
-      Done    → task closed; the settle pool unpickles the result or rebuilds the exception
-                (a RemoteError proxy) and sets the future
+      Done    → task closed, its Started→Done time recorded in its cost model; the settle
+                pool unpickles the result or rebuilds the exception (a RemoteError proxy) and
+                sets the future (then, once nothing is left to do, saves the cost history)
       EOF     → worker dead: a task it never started is queued again; a started one fails
                 (WorkerCrashedError, exit code and output read by a job) and is never re-run
       deadline→ a job kills the worker's process group (SIGTERM, grace, SIGKILL) → its EOF →
@@ -45,7 +48,10 @@ from typing import Any, Literal, TypeVar
 
 import cloudpickle
 
-from ._core import AFTER_SHUTDOWN, Core
+from ._core import AFTER_SHUTDOWN, Core, TaskTimeline
+from ._costs import COST_ATTRIBUTE, CostKey, CostModel, Estimate, call_features, features_key
+from ._costs import function_key as _function_key
+from ._costs import shared_model as _shared_model
 from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
@@ -58,6 +64,12 @@ Path = Literal["spawn", "fork", "auto"]
 _PATHS = ("spawn", "fork", "auto")
 Start = Literal["template", "interpreter"]
 _STARTS = ("template", "interpreter")
+
+DEFAULT_WORKERS_PER_CORE = 1.0
+"""``max_workers`` by default: this many workers per usable core (at least one). Compiles on
+every core slow each other down (shared caches, memory bandwidth, the parent's own threads);
+``benchmarks/s2_batch.py --contention`` measures fewer workers and pinning on a machine, and this
+one constant is what to change if the evidence says so."""
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
@@ -104,6 +116,7 @@ class _Options:
     path: Path
     priority: float
     with_output: bool
+    cost: float | None = None
 
 
 def _check_timeout(value: object, name: str) -> float | None:
@@ -141,9 +154,10 @@ def _check_devices(devices: object) -> tuple[str, ...] | None:
 
 def _default_workers() -> int:
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, round(cores * DEFAULT_WORKERS_PER_CORE))
 
 
 def _describe_unpicklable(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -205,6 +219,10 @@ class PrecompileExecutor(Executor):
             threads running or initializes CUDA, forking is unsafe: workers then start as
             ``"interpreter"`` and the log says why, once. ``"interpreter"``: each worker is a
             fresh interpreter that runs the initializer itself.
+        cost_history: a JSON file where the observed durations of this executor's tasks are
+            kept across runs (shared by every executor in the process that names it), so the
+            next batch starts its longest tasks first. ``None``: this executor learns in memory
+            only. Triton compiles keep their own history beside the Triton cache.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -224,6 +242,7 @@ class PrecompileExecutor(Executor):
         devices: Sequence[int | str] | None = None,
         spare_workers: int = 0,
         start: Start = "template",
+        cost_history: str | os.PathLike[str] | None = None,
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -266,6 +285,7 @@ class PrecompileExecutor(Executor):
             spare_workers,
             start,
         )
+        self._costs = CostModel() if cost_history is None else _shared_model(cost_history)
         self._base: PrecompileExecutor | None = None
         self._tasks: set[Task] = set()  # submitted through this object, future not yet set
         self._closed = False
@@ -331,6 +351,7 @@ class PrecompileExecutor(Executor):
                     future.set_exception(error)
                     return future
                 path = "fork"
+        cost, costs = self._cost_of(opts, calls)
         task = Task(
             future=future,
             owner=core,
@@ -343,6 +364,9 @@ class PrecompileExecutor(Executor):
             priority=opts.priority,
             want_output=opts.with_output,
             origin=self._tasks,
+            cost=cost,
+            costs=costs,
+            predicted_s=costs.estimate(cost) * len(calls),
         )
         with core.lock:
             self._check_open()
@@ -350,6 +374,32 @@ class PrecompileExecutor(Executor):
             actions = core.enqueue(task)
         core.hub.run(actions)
         return future
+
+    def _cost_of(self, opts: _Options, calls: list[Call]) -> tuple[CostKey, CostModel]:
+        """The cost key of a task and the model it is predicted and recorded in."""
+        fn, args, kwargs = calls[0]
+        estimate: Estimate | None = None
+        estimator = getattr(fn, COST_ATTRIBUTE, None)
+        if callable(estimator):
+            try:
+                said = estimator(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - a broken estimator must not fail the task
+                log.debug("the cost estimator of %r raised; ignoring it", fn, exc_info=True)
+            else:
+                estimate = said if isinstance(said, Estimate) else Estimate(seconds=said)
+        function = _function_key(fn)
+        features = call_features(args, kwargs)
+        prior = opts.cost
+        costs = self._costs
+        if estimate is not None:
+            function = estimate.function or function
+            if estimate.features is not None:
+                features = features_key(estimate.features)
+            if prior is None and isinstance(estimate.seconds, (int, float)):
+                prior = float(estimate.seconds)
+            if estimate.history is not None:
+                costs = _shared_model(estimate.history)
+        return CostKey(function, features, prior), costs
 
     def map(
         self,
@@ -360,9 +410,12 @@ class PrecompileExecutor(Executor):
     ) -> Iterator[T]:
         """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
 
-        ``timeout`` counts from this call; a task's exception is raised when its position is
-        reached; ``chunksize`` sends that many calls to a worker in one message (each call
-        still gets its own result or exception; the per-task timeout covers the chunk).
+        The whole input is queued before anything starts, so the tasks start longest predicted
+        first (see :meth:`options`' ``cost`` and ``cost_history``); results still come back
+        in input order. ``timeout`` counts from this call; a task's exception is raised when
+        its position is reached; ``chunksize`` sends that many calls to a worker in one message
+        (each call still gets its own result or exception; the per-task timeout covers the
+        chunk).
         """
         return self._map(self._options, fn, iterables, timeout, chunksize)
 
@@ -385,15 +438,18 @@ class PrecompileExecutor(Executor):
                 fn_blob = cloudpickle.dumps(fn)
             except Exception:  # noqa: BLE001 - _submit reports it (or forks) per task
                 fn_blob = None
-        if chunksize == 1:
-            futures = [
-                self._submit(opts, [(fn, a, {})], chunked=False, fn_blob=fn_blob)
-                for a in arg_tuples
-            ]
-        else:
-            while chunk := list(itertools.islice(arg_tuples, chunksize)):
-                calls: list[Call] = [(fn, a, {}) for a in chunk]
-                futures.append(self._submit(opts, calls, chunked=True, fn_blob=fn_blob))
+        # Held like batch(): the first max_workers tasks would otherwise start in input order
+        # before the longer ones behind them are even queued.
+        with self.batch():
+            if chunksize == 1:
+                futures = [
+                    self._submit(opts, [(fn, a, {})], chunked=False, fn_blob=fn_blob)
+                    for a in arg_tuples
+                ]
+            else:
+                while chunk := list(itertools.islice(arg_tuples, chunksize)):
+                    calls: list[Call] = [(fn, a, {}) for a in chunk]
+                    futures.append(self._submit(opts, calls, chunked=True, fn_blob=fn_blob))
         return _results(futures, end, chunked=chunksize > 1)
 
     def options(
@@ -403,6 +459,7 @@ class PrecompileExecutor(Executor):
         path: Path | object = ...,
         priority: float | object = ...,
         with_output: bool | object = ...,
+        cost: float | None | object = ...,
     ) -> PrecompileExecutor:
         """Return a view of this executor with other per-task settings; it shares the pool.
 
@@ -412,9 +469,12 @@ class PrecompileExecutor(Executor):
         Args:
             timeout: per-task timeout in seconds (``None``: none).
             path: ``"spawn"``, ``"fork"`` or ``"auto"``.
-            priority: higher starts first among queued tasks (e.g. the largest configs first,
-                so the longest compile does not start last); ties keep submission order.
+            priority: higher starts first among queued tasks, whatever their predicted cost;
+                ties start the longest predicted first, then in submission order.
             with_output: results come back as :class:`TaskResult` with the captured output.
+            cost: a hint: the seconds a call is expected to take (any consistent scale). It is
+                the prior until this executor has observed the same call; then the observed
+                durations (scaled by how far the hints were off) decide. ``None``: no hint.
         """
         opts = self._options
         if timeout is not ...:
@@ -429,8 +489,16 @@ class PrecompileExecutor(Executor):
             if not isinstance(with_output, bool):
                 raise TypeError(f"with_output must be a bool, got {with_output!r}")
             opts = dataclasses.replace(opts, with_output=with_output)
+        if cost is not ...:
+            if cost is not None:
+                if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+                    raise TypeError(f"cost must be a number of seconds or None, got {cost!r}")
+                if not cost >= 0:
+                    raise ValueError(f"cost must be >= 0 seconds, got {cost!r}")
+            opts = dataclasses.replace(opts, cost=None if cost is None else float(cost))
         view = PrecompileExecutor.__new__(PrecompileExecutor)
         view._core = self._core
+        view._costs = self._costs
         view._options = opts
         view._base = self._base or self  # keeps the executor (and its finalizer) alive
         view._tasks = set()
@@ -503,6 +571,16 @@ class PrecompileExecutor(Executor):
                 fork_tasks=core.fork_tasks,
                 start=core.effective_start(),
             )
+
+    def timeline(self) -> tuple[TaskTimeline, ...]:
+        """Return when each settled task of this executor (and its views) passed each step.
+
+        One immutable :class:`TaskTimeline` per task, oldest first (the last
+        :data:`~precompile_executor._core.TIMELINE_LIMIT`): queued, sent, started, done, decoded,
+        settled. ``benchmarks/gantt.py`` draws them.
+        """
+        with self._core.lock:
+            return tuple(self._core.timeline)
 
     # -- shutting down ---------------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ and acts on what they return, so every rule here is unit-tested without starting
 Rules:
 * capacity is counted in tasks in flight (sent, started, or being forked), both paths together,
   never in processes: a fork joins the process table only after ``fork()`` returns;
-* among queued tasks the smallest sort key goes first (higher priority, then older); a spawn
-  task waits while no spawn worker is idle, and a fork task may pass it meanwhile;
+* among queued tasks the smallest sort key goes first (higher priority, then the longest
+  predicted, then older: ``Task.sort_key``); a spawn task waits while no spawn worker is idle,
+  and a fork task may pass it meanwhile;
 * workers start only for spawn tasks that no idle or starting worker will take, and never
   beyond ``max_workers`` spawn workers;
 * pinned workers are spread over devices: new ones go to the device with the fewest, tasks to

@@ -7,7 +7,7 @@ Task states::
 
     QUEUED ──dispatch──► SENT ──worker's Started──► STARTED ──Done / death / kill──► DONE
       │  ▲                 │                                                        ▲
-      │  └──worker died before Started (never ran: queued again, ahead of the rest)  │
+      │  └──worker died before Started (never ran: queued again under its first key) │
       └──cancelled, or the executor broke ─────────────────────────────────────────┘
 
 A task reaches DONE exactly once, in :meth:`Task.close` — whoever closes it settles its future;
@@ -34,6 +34,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from ._costs import CostKey, CostModel
     from ._worker import Call
 
 
@@ -103,9 +104,19 @@ class Task:
     deadline: float | None = None
     doom: Doom | None = None
     origin: set[Task] | None = None  # the outstanding-task set of the view it came from
+    cost: CostKey | None = None  # what its duration is predicted and recorded under
+    costs: CostModel | None = None  # where its duration is recorded
+    predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
+    # Its timeline (time.monotonic()): sent_at and started_at above, and
+    queued_at: float | None = None  # first enqueued
+    done_at: float | None = None  # its Done message handled (the worker's result is here)
+    decoded_at: float | None = None  # its outcome decoded, about to set the future
+    settled_at: float | None = None  # about to set the future (callbacks run after)
+    worker_pid: int = 0  # the process that returned its Done
 
-    def sort_key(self) -> tuple[float, int]:
-        return (-self.priority, self.id)
+    def sort_key(self) -> tuple[float, float, int]:
+        """Higher priority first, then the longest predicted, then the oldest."""
+        return (-self.priority, -self.predicted_s, self.id)
 
     def send_to(self, worker: WorkerHandle, now: float) -> None:
         self._move(TaskState.QUEUED, TaskState.SENT)

@@ -31,6 +31,8 @@ def test_capacity_counts_tasks_in_flight() -> None:
         ((0.0, 3), (0.0, 2), True, "fork"),
         ((-5.0, 3), (0.0, 2), True, "spawn"),  # higher priority first
         ((-5.0, 3), (0.0, 2), False, "fork"),  # the fork task passes a waiting spawn task
+        ((0.0, -2.0, 3), (0.0, -1.0, 2), True, "spawn"),  # longer predicted first
+        ((-1.0, -0.1, 3), (0.0, -9.0, 2), True, "spawn"),  # priority beats predicted cost
     ],
 )
 def test_next_path(spawn: object, fork: object, idle: bool, expected: str | None) -> None:
@@ -128,3 +130,13 @@ def test_foreign_bytes_are_not_a_message() -> None:
         decode(pickle.dumps(("done", 1, [], None)))
     with pytest.raises(ValueError):
         decode(b"garbage")
+
+
+def test_task_sort_key_is_priority_then_longest_predicted_then_oldest() -> None:
+    def task(priority: float, predicted: float) -> Task:
+        t = Task(Future(), None, "spawn", None, b"", 1, False, None, priority, False)  # type: ignore[arg-type]
+        t.predicted_s = predicted
+        return t
+
+    a, b, c, d = task(0, 1.0), task(0, 5.0), task(1, 0.0), task(0, 5.0)
+    assert sorted([a, b, c, d], key=Task.sort_key) == [c, b, d, a]

@@ -11,6 +11,9 @@ Importing this package imports Triton (``import precompile_executor`` does not).
   (:class:`TensorSpec`, :func:`launch`), in parallel, before the autotuner's first call.
 * :func:`classify` — the ``classify`` hook that knows Triton's expected failures.
 * :func:`parse_target` — ``"cuda:90"`` → ``GPUTarget``; no GPU is needed to compile for one.
+* :func:`triton_prior_s` — the prior compile-time estimate of a config (block sizes, warps), for
+  a compile function of your own (``precompile_executor.estimated_cost``); ``precompile``,
+  ``warm`` and ``AsyncCompileMode`` use it, and history beside the Triton cache, already.
 * :func:`compile_only_driver` — lets Triton's JIT (``kernel.warmup``) specialise and compile for an
   explicit target on a machine without a GPU.
 
@@ -24,6 +27,7 @@ Data flow (one compile)::
 See ``docs/triton.md``.
 """
 
+from .._costs import triton_prior_s
 from ._async import TritonCompileExecutor, async_compile_executor
 from ._cache import expected_hash, install
 from ._classify import Classification, classify
@@ -78,6 +82,7 @@ __all__ = [
     "parse_target",
     "prewarm",
     "precompile",
+    "triton_prior_s",
     "unwrap_jit_function",
     "warm",
 ]

@@ -52,6 +52,10 @@ class CompileJob:
         artifacts: what the worker sent back, once it has.
         submitted_at: ``time.perf_counter()`` when the job was created.
         finished_at: ``time.perf_counter()`` when its future resolved.
+        task_future: the executor's future of the compile task (``None`` when cached); join
+            it with ``PrecompileExecutor.timeline()`` records by their ``future``.
+        installed_at: ``time.monotonic()`` when the artifacts were in the caller's cache (the
+            clock of the executor's timeline).
     """
 
     request: CompileRequest
@@ -60,6 +64,8 @@ class CompileJob:
     artifacts: CompiledArtifacts | None = None
     submitted_at: float = dataclasses.field(default_factory=time.perf_counter)
     finished_at: float | None = None
+    task_future: Future[Any] | None = None
+    installed_at: float | None = None
 
     @property
     def description(self) -> str:
@@ -134,6 +140,7 @@ def submit_compile(
         outer.set_result(load_compiled(src, group, request.expected_hash))
         return job
     inner = executor.submit(compile_request, request)
+    job.task_future = inner
 
     def cancel_inner(done: Future[Any]) -> None:
         if done.cancelled():
@@ -150,6 +157,7 @@ def submit_compile(
             try:
                 artifacts: CompiledArtifacts = done.result()
                 group = install(artifacts, request.expected_hash)
+                job.installed_at = time.monotonic()
                 kernel = load_compiled(src, group, artifacts.hash)
             except BaseException as install_exc:  # noqa: BLE001 - delivered through the future
                 exc = install_exc

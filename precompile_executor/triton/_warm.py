@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, as_completed
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any, Literal
 
 import triton.language as tl
@@ -243,7 +243,10 @@ def warm(
                         target_name = format_target(explicit)
                     else:
                         target_name = format_target(_current_target())
-                    _submit_all(specs, adapter, done, waiting, emit)
+                    # Queue every config before any starts, so the executor starts the longest
+                    # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
+                    with _held(adapter.executor):
+                        _submit_all(specs, adapter, done, waiting, emit)
                 _wait_all(waiting, done, emit)
             finally:
                 # After an error or Ctrl-C, let nothing queued start; the mode's exit then
@@ -331,6 +334,11 @@ def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
         worker_pid=job.artifacts.worker_pid,
         job=job,
     )
+
+
+def _held(executor: Executor) -> AbstractContextManager[Any]:
+    batch = getattr(executor, "batch", None)
+    return batch() if callable(batch) else nullcontext()
 
 
 def _current_target() -> Any:

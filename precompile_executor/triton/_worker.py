@@ -29,6 +29,8 @@ from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 from triton.runtime.cache import FileCacheManager
 
+from .._costs import estimated_cost
+from ._costs import compile_estimate
 from ._errors import CacheKeyMismatchError
 from ._kernel_ref import load_kernel
 from ._messages import CompiledArtifacts, CompileRequest, decode_constexprs
@@ -38,6 +40,7 @@ _redirect_lock = threading.Lock()
 A worker process runs one task at a time, so this lock costs nothing there."""
 
 
+@estimated_cost(compile_estimate)  # the executor orders compiles longest first (see _costs.py)
 def compile_request(request: CompileRequest) -> CompiledArtifacts:
     """Compile ``request`` and return the resulting cache group as bytes.
 
