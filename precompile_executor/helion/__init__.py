@@ -4,7 +4,8 @@ One line, scoped::
 
     import precompile_executor.helion
 
-    with PrecompileExecutor(16) as ex, precompile_executor.helion.use(ex):
+    ex = PrecompileExecutor(16, initializer=precompile_executor.helion.import_helion)
+    with precompile_executor.helion.use(ex):
         kernel.autotune(args)            # autotune_precompile="fork" or "spawn", as usual
 
 or process-wide: ``precompile_executor.helion.install(ex)`` (``uninstall()`` undoes it).
@@ -37,12 +38,14 @@ from ._seam import (
     uninstall,
     use,
 )
+from ._spawn_task import import_helion
 
 __all__ = [
     "SUPPORTED_HELION_VERSIONS",
     "UnsupportedHelionError",
     "check_helion",
     "helion_version",
+    "import_helion",
     "install",
     "installed",
     "uninstall",

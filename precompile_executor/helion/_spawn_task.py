@@ -116,3 +116,13 @@ def generated_kernel(spec: Any) -> GeneratedKernel:
     """Build the task's kernel for ``spec`` with this process's ``TRITON_*`` variables."""
     env = triton_environment()
     return GeneratedKernel(spec, env, source_key(spec, env))
+
+
+def import_helion() -> None:
+    """An ``initializer`` for spawn workers: import Helion, torch and Triton once per worker.
+
+    Without it the first task on each worker pays the imports inside its timeout.
+    """
+    import helion  # noqa: F401
+    import torch  # noqa: F401
+    import triton  # noqa: F401
