@@ -631,11 +631,13 @@ _FAULT_SCRIPT = """
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("fault", ["segfault", "hang", "illegal_memory_access"])
 def test_gpu_injected_fault_fails_alone_and_the_autotune_completes(fault: str) -> None:
-    proc = _run_script(
-        _GPU_PRELUDE.replace('os.environ.get("PE_FAULT", "")', repr(fault)) + _FAULT_SCRIPT
-    )
+    proc = _run_script(_GPU_PRELUDE + _FAULT_SCRIPT, env={"PE_FAULT": fault})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "BEST" in proc.stdout
+    counts = proc.stdout.split("OKS", 1)[1].split()
+    oks, failed = int(counts[0]), int(counts[2])
+    assert failed >= 2 and oks >= 1  # the 1st and the 4th config faulted; the rest went on
+    assert "LEFT 0" in proc.stdout
 
 
 @gpu
