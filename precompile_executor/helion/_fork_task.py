@@ -1,0 +1,64 @@
+"""Fork mode, child side: run Helion's compile-only precompiler and report failure as failure.
+
+Runs in a child forked by the executor's fork path (never in the parent). The parent has already
+run the generated host code with a launcher that raises, to capture the launch arguments, and
+built Helion's precompiler closure (``finish_it``) around them; the child inherits it as it is in
+memory. ``finish_it()`` compiles into the on-disk Triton cache of the parent's environment (the
+child inherits ``TRITON_CACHE_DIR``) and loads nothing onto a GPU.
+
+Helion 1.5.1's own fork child records a failed compile as ok: ``finish_it`` catches the compile
+error, asks ``classify_triton_exception`` about it and calls ``sys.exit(1)``, and the child's
+``finally: os._exit(status)`` exits with status 0. Here the child wraps the module-global
+``classify_triton_exception`` that ``finish_it`` calls (only in this child's copy of memory) to
+keep the exception, turns the ``SystemExit`` back into it, and so the task fails with the
+compiler's own exception type and message: the parent classifies it as Helion would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+
+class CompileFailed(RuntimeError):
+    """Helion's precompiler reported a failed compile without an exception we could keep."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkCompile:
+    """The fork-path task for one config: ``finish_it()`` of Helion's precompiler.
+
+    Attributes:
+        precompiler: Helion's ``finish_it`` closure (compile only, no CUDA).
+        label: the config's decorator text, for messages.
+    """
+
+    precompiler: Callable[[], bool]
+    label: str
+
+    def __call__(self) -> bool:
+        """Compile; return True, or raise the compiler's exception."""
+        from helion.runtime import precompile_shim
+
+        seen: list[BaseException] = []
+        original = precompile_shim.classify_triton_exception
+
+        def keep(err: BaseException) -> Any:
+            seen.append(err)
+            return original(err)
+
+        precompile_shim.classify_triton_exception = keep  # this child's copy only
+        try:
+            ok = self.precompiler()
+        except SystemExit as stop:
+            if seen:
+                raise seen[-1] from None
+            raise CompileFailed(f"compile failed for {self.label} (exit {stop.code})") from None
+        finally:
+            precompile_shim.classify_triton_exception = original
+        if ok is False:
+            if seen:
+                raise seen[-1]
+            raise CompileFailed(f"compile failed for {self.label}")
+        return True

@@ -1,0 +1,377 @@
+"""The parent side: Helion's ``PrecompileFuture.create`` and ``wait_for_all``, on an executor.
+
+:func:`create` replaces ``PrecompileFuture.create``: it prepares one config's task and returns a
+:class:`HelionFuture`, which has the attributes Helion's autotuner reads (``ok``,
+``failure_reason``, ``process``, ``started``, ``elapsed``, ...). :func:`wait_for_all` replaces
+``PrecompileFuture.wait_for_all``: it submits the batch to the installed executor, at most
+``ctx.jobs`` at a time in order, and settles each future as its task finishes.
+
+Data flow (one batch)::
+
+    Helion's benchmark provider                  this module                       executor
+    create(ctx, config, fn, args, ...) ──► fork:  run host code with a raising launcher,
+      (per config)                                 keep Helion's precompiler ─► ForkCompile
+                                           spawn: serialize the generated module ─► GeneratedKernel
+                                           ◄── HelionFuture (not submitted yet)
+    wait_for_all(futures) ───────────────► spawn: share_args(ctx.args) once for the batch
+                                           submit ≤ ctx.jobs at a time ─────────► fork child /
+                                             (timeout = autotune_compile_timeout    warm worker
+                                              read now, counted from the real start)
+                                           settle each as it finishes ◄──────────── TaskResult or
+                                             ok / "error" / "timeout", elapsed,      RemoteError
+                                             Helion's classification: "raise" ─► exc.TritonError
+    list[bool] (aligned with futures) ◄─── release the shared arguments
+    Ctrl-C or "raise" anywhere: cancel what has not started, kill the running groups, re-raise.
+
+Threads: everything here runs on the autotuner's thread; the executor's threads only complete the
+standard futures this module waits on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, Literal
+
+from .. import (
+    PrecompileExecutor,
+    RemoteError,
+    TaskResult,
+    TaskTimeoutError,
+    WorkerCrashedError,
+)
+from .. import wait_for_all as _executor_wait_for_all
+from ..gpu import SharedArgs, run_once, share_args
+from . import _seam
+from ._fork_task import ForkCompile
+from ._spawn_task import generated_kernel
+
+log = logging.getLogger("precompile_executor.helion")
+
+POLL_S = 0.05
+"""How often the wait loop wakes to notice tasks that started (for ``elapsed`` of failures)."""
+
+FailureReason = Literal["ok", "error", "timeout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskProcess:
+    """Stands in for Helion's ``mp.Process``: which process ran the config's task.
+
+    Attributes:
+        pid: the forked child or the spawn worker.
+        path: ``"fork"`` or ``"spawn"``.
+    """
+
+    pid: int
+    path: str
+
+
+@dataclasses.dataclass(eq=False)
+class HelionFuture:
+    """One config's precompile, as Helion's autotuner sees it.
+
+    Attributes read by Helion: ``ok`` (None until settled), ``failure_reason``, ``process`` (not
+    None once a process ran the task), ``started``, ``elapsed`` (seconds from the task's real
+    start on a process), ``config``. ``error`` holds the task's exception, if any.
+    """
+
+    ctx: Any
+    config: Any
+    path: Literal["fork", "spawn"]
+    task: Any  # ForkCompile or GeneratedKernel
+    timeout: float
+    decorator: str
+    future: Future[Any] | None = None
+    process: TaskProcess | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    ok: bool | None = None
+    failure_reason: FailureReason | None = None
+    error: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether a process started this config's task."""
+        return self.start_time is not None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the task's real start to its end (or to now)."""
+        if self.start_time is None:
+            return 0.0
+        return (self.end_time or time.time()) - self.start_time
+
+    def seconds_left(self) -> float:
+        """Seconds before the timeout, as Helion computes it."""
+        if self.end_time is not None:
+            return 0.0
+        return self.timeout - self.elapsed
+
+    def is_alive(self) -> bool:
+        """Whether the task is running now."""
+        return self.future is not None and self.future.running()
+
+    def cancel(self) -> None:
+        """Stop the task (kill its process group if it runs); the config fails."""
+        if self.future is not None and not self.future.done():
+            _kill([self.future])
+        if self.ok is None:
+            self.end_time = time.time()
+            self.ok = False
+            self.failure_reason = "error"
+
+    def __call__(self) -> bool:
+        """Run this one config and return whether it succeeded (Helion's single-future path)."""
+        return wait_for_all([self])[0]
+
+
+# -- create --------------------------------------------------------------------------------------
+
+
+def create(
+    ctx: Any,
+    config: Any,
+    fn: Any,
+    args: Sequence[object],
+    result_path: str,
+    args_path: str | None,
+) -> Any:
+    """``PrecompileFuture.create`` on the installed executor (same signature, same errors).
+
+    ``result_path`` and ``args_path`` are not used: results come back through the executor, and
+    spawn mode shares ``ctx.args`` itself, once per batch.
+    """
+    from helion import exc
+    from helion.autotuner.logger import classify_triton_exception, match_unrecoverable_runtime_error
+    from helion.autotuner.precompile_future import (
+        PrecompileFuture,
+        _prepare_precompiler_for_fork,
+        _serialize_compiled_fn,
+    )
+
+    mode = ctx.settings.autotune_precompile
+    decorator = ctx.kernel.format_kernel_decorator(config, ctx.settings)
+    timeout = float(ctx.settings.autotune_compile_timeout)
+    if mode == "spawn":
+        try:
+            spec = _serialize_compiled_fn(fn)
+        except RuntimeError as err:
+            raise exc.AutotuneError(
+                "Failed to serialize compiled kernel for spawn precompile."
+                ' Set HELION_AUTOTUNE_PRECOMPILE="fork" to fall back to fork mode.'
+            ) from err
+        return HelionFuture(ctx, config, "spawn", generated_kernel(spec), timeout, decorator)
+    # Fork mode, exactly as Helion prepares it: the launch arguments are captured here.
+    try:
+        precompiler = _prepare_precompiler_for_fork(
+            fn, args, config, ctx.kernel, decorator, ctx.log
+        )
+    except Exception as e:
+        e.__traceback__ = None
+        if match_unrecoverable_runtime_error(e):
+            raise
+        if classify_triton_exception(e) == "raise" and not ctx.settings.autotune_ignore_errors:
+            raise
+        return PrecompileFuture.skip(ctx, config, False)
+    if precompiler is None:  # already in Triton's in-memory cache
+        return PrecompileFuture.skip(ctx, config, True)
+    return HelionFuture(
+        ctx, config, "fork", ForkCompile(precompiler, decorator), timeout, decorator
+    )
+
+
+# -- wait_for_all --------------------------------------------------------------------------------
+
+
+def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
+    """``PrecompileFuture.wait_for_all`` on the installed executor; one bool per future, in order.
+
+    Raises:
+        helion.exc.TritonError: a config failed with an error Helion classifies as "raise"
+            (unless ``autotune_ignore_errors``); every other task was cancelled or killed.
+        BaseException: Ctrl-C (or any error) while waiting, after cancelling and killing.
+    """
+    from helion.autotuner.progress_bar import iter_with_progress
+
+    ours = [f for f in futures if isinstance(f, HelionFuture) and f.ok is None]
+    native = [f for f in futures if not isinstance(f, HelionFuture) and f.ok is None]
+    if native:  # not created by us (e.g. installed mid-batch): Helion's own wait handles them
+        _seam.original_wait_for_all()(native, None)
+    progress = iter_with_progress(
+        range(len(futures)), total=len(futures), description=desc, enabled=desc is not None
+    )
+    next(progress, None)
+    for _ in range(len(futures) - len(ours)):
+        next(progress, None)
+    if ours:
+        with _shared_args(ours) as shared:
+            _run(_seam.current_executor(), ours, shared, progress)
+    result = []
+    for f in futures:
+        assert f.ok is not None
+        if f.failure_reason is None:
+            f.failure_reason = "ok" if f.ok else "error"
+        result.append(bool(f.ok))
+    return result
+
+
+@contextlib.contextmanager
+def _shared_args(futures: list[HelionFuture]) -> Iterator[dict[int, Any]]:
+    """Kernel arguments for spawn tasks, by ``id(ctx.args)``: saved once for this batch."""
+    shared: dict[int, Any] = {}
+    try:
+        for f in futures:
+            key = id(f.ctx.args)
+            if f.path == "spawn" and key not in shared:
+                args = tuple(f.ctx.args)
+                # weights_only loading takes tensors and plain data; anything else (a callable
+                # epilogue, say) travels with each task instead, cloudpickled.
+                shared[key] = share_args(args) if _plain(args) else args
+        yield shared
+    finally:
+        for value in shared.values():
+            if isinstance(value, SharedArgs):
+                value.release()
+
+
+def _plain(value: Any) -> bool:
+    import torch
+
+    if isinstance(
+        value, (torch.Tensor, int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
+    ):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _run(
+    executor: PrecompileExecutor,
+    futures: list[HelionFuture],
+    shared: dict[int, Any],
+    progress: Iterator[int],
+) -> None:
+    cap = max(1, int(futures[0].ctx.jobs or 1))
+    queue = collections.deque(futures)
+    running: dict[Future[Any], HelionFuture] = {}
+    views: dict[tuple[str, float], PrecompileExecutor] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < cap:
+                hf = queue.popleft()
+                view = views.get((hf.path, hf.timeout))
+                if view is None:
+                    view = executor.options(timeout=hf.timeout, path=hf.path, with_output=True)
+                    views[(hf.path, hf.timeout)] = view
+                if hf.path == "spawn":
+                    task = run_once(hf.task, shared[id(hf.ctx.args)], label=hf.decorator)
+                else:
+                    task = hf.task
+                hf.future = view.submit(task)
+                running[hf.future] = hf
+            done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            now = time.time()
+            for future, hf in running.items():
+                if hf.start_time is None and future.running():
+                    hf.start_time = now  # refined from the worker's own clock on success/timeout
+            for future in done:
+                hf = running.pop(future)
+                _settle(hf)
+                next(progress, None)
+                _report(hf)  # raises helion.exc.TritonError on "raise"
+    except BaseException:
+        _kill(list(running))
+        for hf in futures:
+            if hf.ok is None:
+                hf.end_time = time.time()
+                hf.ok = False
+                hf.failure_reason = "error"
+        raise
+
+
+def _kill(futures: list[Future[Any]]) -> None:
+    """Cancel what has not started and kill the process groups of what runs, then return."""
+    # wait_for_all's documented behaviour on expiry: the rest are cancelled and killed.
+    with contextlib.suppress(TimeoutError):
+        _executor_wait_for_all(futures, timeout=0, ignore_errors=True, progress=False)
+
+
+def _settle(hf: HelionFuture) -> None:
+    """Record the outcome of ``hf``'s finished task (no logging, no raising)."""
+    assert hf.future is not None
+    hf.end_time = time.time()
+    if hf.future.cancelled():
+        hf.ok, hf.failure_reason = False, "error"
+        return
+    error = hf.future.exception()
+    if error is None:
+        result: TaskResult = hf.future.result()
+        hf.start_time = hf.end_time - result.elapsed_s
+        hf.process = TaskProcess(result.worker_pid, hf.path)
+        hf.ok, hf.failure_reason = True, "ok"
+        return
+    hf.error = error
+    hf.ok = False
+    if isinstance(error, RemoteError) and error.worker_pid:
+        hf.process = TaskProcess(error.worker_pid, hf.path)
+        if hf.start_time is None:
+            hf.start_time = hf.end_time  # finished between two polls: under POLL_S
+    if isinstance(error, TaskTimeoutError):
+        hf.start_time = hf.end_time - error.elapsed_s
+        hf.failure_reason = "timeout"
+    else:
+        hf.failure_reason = "error"
+
+
+def _report(hf: HelionFuture) -> None:
+    """Log ``hf``'s failure as Helion does; raise ``helion.exc.TritonError`` on "raise"."""
+    from helion import exc
+    from helion.autotuner.logger import (
+        SUPPRESSED_TRITON_CODE_MSG,
+        classify_triton_exception,
+        format_triton_compile_failure,
+        log_generated_triton_code_debug,
+        maybe_dump_triton_failure,
+    )
+
+    error, ctx = hf.error, hf.ctx
+    if error is None:
+        return
+    ignore = bool(ctx.settings.autotune_ignore_errors)
+    if hf.failure_reason == "timeout":
+        if not ignore:
+            ctx.log.warning(f"Timeout after {hf.elapsed:.0f}s compiling {hf.config}")
+        return
+    remote_tb = getattr(error, "remote_traceback", None) or None
+    output = getattr(error, "captured_output", None) or None
+    maybe_dump_triton_failure(
+        ctx.kernel, hf.config, error, remote_traceback=remote_tb, captured_output=output
+    )
+    # Helion's spawn mode: a dead child leaves no result file, which it logs at debug level.
+    crashed = isinstance(error, WorkerCrashedError)
+    verdict = "debug" if crashed else classify_triton_exception(error)
+    if ignore:
+        verdict = "debug"
+    prefix = f"Generated Triton code for {hf.decorator}:"
+    log_generated_triton_code_debug(ctx.log, ctx.kernel, hf.config, prefix=prefix)
+    if verdict == "raise":
+        ctx.kernel.maybe_log_repro(ctx.log.error, ctx.args, hf.config)
+        name = getattr(error, "exc_type", "") or type(error).__qualname__
+        raise exc.TritonError(
+            error=f"{name}: {error}", decorator=hf.decorator, code=SUPPRESSED_TRITON_CODE_MSG
+        ) from error
+    formatted = format_triton_compile_failure(hf.config, error, ctx.kernel)
+    if remote_tb:
+        formatted = f"{formatted}\nRemote traceback ({hf.path} process {hf.process}):\n{remote_tb}"
+    if not ignore:
+        ctx.log.debug(formatted)
+        ctx.kernel.maybe_log_repro(ctx.log.debug, ctx.args, hf.config)

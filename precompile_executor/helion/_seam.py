@@ -1,0 +1,274 @@
+"""The seam: check Helion's precompile hooks, swap them for ours, put them back.
+
+Helion 1.5.1 has no supported extension point for precompilation: ``autotune_precompile`` takes
+only ``"fork"``, ``"spawn"`` or ``None``. Its benchmark provider calls exactly two static methods
+of the class ``helion.autotuner.precompile_future.PrecompileFuture`` — ``create(ctx=, config=,
+fn=, args=, result_path=, args_path=)`` once per config, then ``wait_for_all(futures, desc=None)``
+once per batch — and imports the class object, so replacing those two attributes on the class is
+seen by every caller (rebinding a module-level name would not be). That is all this module
+touches. Because this code moved several times in 2026, :func:`check_helion` pins the version and
+the signatures and names every private helper we reuse, and refuses anything else.
+
+Threads: installing and restoring happen on the caller's thread under ``_lock``; the patched
+methods run on whatever thread runs the autotune (Helion's is the caller's). The installation is
+process-wide while it lasts, as the class is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import inspect
+import threading
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from .. import PrecompileExecutor
+
+SUPPORTED_HELION_VERSIONS = ("1.5.1",)
+"""Helion releases whose precompile seam this module was written against and tested with."""
+
+_CREATE_PARAMS = ("ctx", "config", "fn", "args", "result_path", "args_path")
+_WAIT_PARAMS = ("futures", "desc")
+_SKIP_PARAMS = ("ctx", "config", "ok")
+_CONTEXT_FIELDS = {"settings", "log", "kernel", "args", "jobs"}
+_PRIVATE_HELPERS = (
+    ("helion.autotuner.precompile_future", "_prepare_precompiler_for_fork"),
+    ("helion.autotuner.precompile_future", "_serialize_compiled_fn"),
+    ("helion.autotuner.precompile_future", "_load_compiled_fn"),
+    ("helion.autotuner.precompile_future", "_unload_compiled_fn"),
+    ("helion.autotuner.precompile_future", "SerializedCompiledFunction"),
+    ("helion.autotuner.logger", "classify_triton_exception"),
+    ("helion.autotuner.logger", "maybe_dump_triton_failure"),
+    ("helion.autotuner.logger", "log_generated_triton_code_debug"),
+    ("helion.autotuner.logger", "format_triton_compile_failure"),
+    ("helion.autotuner.logger", "SUPPRESSED_TRITON_CODE_MSG"),
+    ("helion.autotuner.progress_bar", "iter_with_progress"),
+    ("helion.autotuner.benchmarking", "synchronize_device"),
+    ("helion.runtime.precompile_shim", "classify_triton_exception"),
+    ("helion.exc", "TritonError"),
+)
+
+
+class UnsupportedHelionError(RuntimeError):
+    """The installed Helion is not one whose precompile seam this integration knows.
+
+    Nothing was patched. The message names what differs; pin ``helion==1.5.1`` (the
+    ``precompile-executor[helion]`` extra does) or run Helion without this integration.
+    """
+
+
+def helion_version() -> str:
+    """Return the installed Helion's version (raises ``UnsupportedHelionError`` if absent)."""
+    try:
+        return importlib.metadata.version("helion")
+    except importlib.metadata.PackageNotFoundError:
+        raise UnsupportedHelionError(
+            "Helion is not installed: pip install 'precompile-executor[helion]'"
+        ) from None
+
+
+def check_helion(*, version: str | None = None) -> None:
+    """Check that the installed Helion has exactly the seam this integration patches.
+
+    Args:
+        version: the version to check instead of the installed one (for tests).
+
+    Raises:
+        UnsupportedHelionError: another version, a changed signature, or a missing helper; the
+            message says which, and that nothing was patched.
+    """
+    found = helion_version() if version is None else version
+    if found not in SUPPORTED_HELION_VERSIONS:
+        raise UnsupportedHelionError(
+            f"precompile_executor.helion supports Helion {', '.join(SUPPORTED_HELION_VERSIONS)}, "
+            f"found {found}: its precompile seam (PrecompileFuture.create/wait_for_all) changes "
+            "between releases. Nothing was patched. Install helion==1.5.1, or autotune without "
+            "precompile_executor.helion.use()."
+        )
+    problems = _seam_problems()
+    if problems:
+        raise UnsupportedHelionError(
+            f"Helion {found}'s precompile seam is not the one precompile_executor.helion "
+            "patches (nothing was patched):\n  " + "\n  ".join(problems)
+        )
+
+
+def _params(fn: Any) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def _seam_problems() -> list[str]:
+    from helion.autotuner import precompile_future as pf
+
+    problems = []
+    cls = pf.PrecompileFuture
+    for name, want in (
+        ("create", _CREATE_PARAMS),
+        ("wait_for_all", _WAIT_PARAMS),
+        ("skip", _SKIP_PARAMS),
+    ):
+        raw = inspect.getattr_static(cls, name, None)
+        if not isinstance(raw, staticmethod):
+            problems.append(f"PrecompileFuture.{name} is not a staticmethod")
+            continue
+        got = _params(raw.__func__)
+        if got != want:
+            problems.append(f"PrecompileFuture.{name}{got} != expected {want}")
+    fields = {f.name for f in dataclasses.fields(pf.PrecompileContext)}
+    if not fields >= _CONTEXT_FIELDS:
+        problems.append(f"PrecompileContext lacks {sorted(_CONTEXT_FIELDS - fields)}")
+    for module_name, attr in _PRIVATE_HELPERS:
+        module = importlib.import_module(module_name)
+        if not hasattr(module, attr):
+            problems.append(f"{module_name}.{attr} is missing")
+    # The fork task reads the exception that Helion's finish_it() swallows through the
+    # module-global classify_triton_exception it calls (see _fork_task).
+    from helion.runtime import precompile_shim
+
+    finish_it = _inner_code(precompile_shim.make_precompiler.__code__, "finish_it")
+    if finish_it is None or "classify_triton_exception" not in finish_it.co_names:
+        problems.append("make_precompiler's finish_it no longer calls classify_triton_exception")
+    return problems
+
+
+def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name:
+                return const
+            found = _inner_code(const, name)
+            if found is not None:
+                return found
+    return None
+
+
+# -- installing ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Installation:
+    executor: PrecompileExecutor
+    create: Any  # the staticmethod objects found on the class before we replaced them
+    wait_for_all: Any
+
+
+_lock = threading.RLock()
+_stack: list[_Installation] = []
+"""Active installations, innermost last; the patched methods use ``_stack[-1].executor``."""
+
+
+def current_executor() -> PrecompileExecutor:
+    """The executor of the innermost active installation (the patched methods' target)."""
+    with _lock:
+        if not _stack:
+            raise RuntimeError("precompile_executor.helion is not installed")
+        return _stack[-1].executor
+
+
+def _install(executor: PrecompileExecutor) -> _Installation:
+    if not isinstance(executor, PrecompileExecutor):
+        raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
+    check_helion()
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    from . import _future
+
+    with _lock:
+        entry = _Installation(
+            executor,
+            inspect.getattr_static(PrecompileFuture, "create"),
+            inspect.getattr_static(PrecompileFuture, "wait_for_all"),
+        )
+        PrecompileFuture.create = staticmethod(_future.create)
+        PrecompileFuture.wait_for_all = staticmethod(_future.wait_for_all)
+        _stack.append(entry)
+        return entry
+
+
+def _restore(entry: _Installation) -> None:
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    with _lock:
+        if entry not in _stack:
+            return
+        index = _stack.index(entry)
+        if index == len(_stack) - 1:
+            # Innermost: put back what was there before it (the outer installation's or Helion's).
+            PrecompileFuture.create = entry.create
+            PrecompileFuture.wait_for_all = entry.wait_for_all
+        else:
+            # Out of order: the next one up must restore what this one found.
+            above = _stack[index + 1]
+            _stack[index + 1] = dataclasses.replace(
+                above, create=entry.create, wait_for_all=entry.wait_for_all
+            )
+        del _stack[index]
+
+
+@contextlib.contextmanager
+def use(executor: PrecompileExecutor) -> Iterator[PrecompileExecutor]:
+    """Within the block, Helion's autotuner precompiles on ``executor``.
+
+    Helion's ``autotune_precompile="fork"`` runs each config's compile on the executor's fork
+    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Helion's
+    originals are put back on exit, also on an exception. Blocks nest; the innermost wins.
+
+    Example::
+
+        with PrecompileExecutor(16) as ex, precompile_executor.helion.use(ex):
+            kernel.autotune(args)
+
+    Raises:
+        UnsupportedHelionError: the installed Helion is not a supported version (nothing is
+            patched).
+    """
+    entry = _install(executor)
+    try:
+        yield executor
+    finally:
+        _restore(entry)
+
+
+_global: _Installation | None = None
+
+
+def install(executor: PrecompileExecutor) -> None:
+    """Make every later Helion autotune in this process precompile on ``executor``.
+
+    The process-wide form of :func:`use`; :func:`uninstall` undoes it. Installing again
+    replaces the executor.
+
+    Raises:
+        UnsupportedHelionError: the installed Helion is not a supported version.
+    """
+    global _global
+    with _lock:
+        if _global is not None:
+            _restore(_global)
+        _global = _install(executor)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (a no-op if it is not installed)."""
+    global _global
+    with _lock:
+        if _global is not None:
+            _restore(_global)
+            _global = None
+
+
+def installed() -> bool:
+    """Whether Helion's precompile runs on an executor now (:func:`use` or :func:`install`)."""
+    with _lock:
+        return bool(_stack)
+
+
+def original_wait_for_all() -> Any:
+    """Helion's own ``PrecompileFuture.wait_for_all`` (the function), while installed."""
+    with _lock:
+        if not _stack:
+            return None
+        return _stack[0].wait_for_all.__func__
