@@ -23,6 +23,7 @@ import dataclasses
 import heapq
 import logging
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
@@ -88,7 +89,8 @@ class TaskTimeline:
         decoded: the result was unpickled (or the error rebuilt).
         settled: the future was set (its done-callbacks run right after: for a Triton compile,
             installing the artifacts, see ``CompileJob.installed_at``).
-        future: the task's future (to join with other records).
+        future: the task's future (to join with other records) while the caller still holds it,
+            else ``None``: the timeline holds it weakly, so it never keeps a result alive.
     """
 
     task_id: int
@@ -105,7 +107,11 @@ class TaskTimeline:
     done: float | None
     decoded: float | None
     settled: float | None
-    future: Future[Any] = dataclasses.field(repr=False, compare=False)
+    future_ref: weakref.ref[Future[Any]] = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def future(self) -> Future[Any] | None:
+        return self.future_ref()
 
     @property
     def run_s(self) -> float | None:
@@ -612,7 +618,7 @@ def _timeline(task: Task, ok: bool) -> TaskTimeline:
         done=task.done_at,
         decoded=task.decoded_at,
         settled=task.settled_at,
-        future=task.future,
+        future_ref=weakref.ref(task.future),
     )
 
 

@@ -23,7 +23,8 @@ SCENARIOS = [
     "4. Timeout kill latency",
     "5. Memory",
     "6. Scaling",
-    "7. Worker starts",
+    "7. Ordering",
+    "8. Worker starts",
 ]
 
 
@@ -68,5 +69,5 @@ def test_quick_run_writes_every_scenario(tmp_path: Path) -> None:
         section = md.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
         assert "\n|---" in section, f"section {title!r} has no table"
     assert "## Targets" in md
-    assert "none was left after any of the 7 scenarios" in md
+    assert "none was left after any of the 8 scenarios" in md
     assert "cleanup check: 0 process(es)" in result.stdout
