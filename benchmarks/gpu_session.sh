@@ -36,11 +36,11 @@ export PYTHONPATH=/tmp/site-shim:/tmp/site:$PWD
 } 2>&1 | tee -a "$OUT/env.txt"
 case "${1:-tests}" in
   tests)
-    timeout 560 python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py \
-      tests/test_helion.py 2>&1 | tail -60 | tee "$OUT/tests.txt" ;;
+    timeout "${TESTS_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider -rfEs \
+      ${TESTS:-tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py tests/test_helion.py} \
+      > "$OUT/tests.txt" 2>&1; tail -40 "$OUT/tests.txt" ;;
   starts)
-    timeout 560 python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s8 \
+    timeout "${STARTS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s8 \
       --out "$OUT/starts" 2>&1 | tee "$OUT/starts.log" | tail -40 ;;
   ordering)
     timeout 560 python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s7 \

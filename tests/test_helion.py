@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -541,12 +542,21 @@ def _run_script(
     """Run a GPU scenario in a fresh interpreter (spawn mode needs a __main__ guard, and the fork
     path must not run in a process that has a CUDA context)."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, _script_file(script)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         env={**os.environ, "HELION_SKIP_CACHE": "1", **(env or {})},
     )
+
+
+def _script_file(script: str) -> str:
+    """Write ``script`` to a file: Helion reads its kernels' source (``inspect.getsource``),
+    which a ``python -c`` script does not have."""
+    fd, path = tempfile.mkstemp(prefix="helion-gpu-", suffix=".py")
+    with os.fdopen(fd, "w") as f:
+        f.write(textwrap.dedent(script))
+    return path
 
 
 _GPU_PRELUDE = """
@@ -661,7 +671,7 @@ def test_gpu_ctrl_c_during_a_batch_leaves_no_process() -> None:
     """
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, _script_file(script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
