@@ -40,12 +40,12 @@ case "${1:-tests}" in
       ${TESTS:-tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py tests/test_helion.py} \
       > "$OUT/tests.txt" 2>&1; tail -40 "$OUT/tests.txt" ;;
   starts)
-    timeout "${STARTS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s8 \
+    timeout "${STARTS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs "${CONFIGS:-64}" --repeats 1 --only s8 \
       --out "$OUT/starts" 2>&1 | tee "$OUT/starts.log" | tail -40 ;;
   ordering)
     timeout 560 python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s7 \
       --contention --out "$OUT/ordering" 2>&1 | tee "$OUT/ordering.log" | tail -60 ;;
   helion)
-    timeout 560 python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" --timeout 240 \
-      2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+    timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
+      --timeout 150 ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
 esac
