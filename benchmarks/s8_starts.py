@@ -84,7 +84,7 @@ def _replacement_s(ex: pe.PrecompileExecutor, how: str, timeout: float) -> float
 
 def run(ctx: Context) -> Section:
     w = 1 if ctx.quick else ctx.workers
-    repeats = 1 if ctx.quick else 3
+    repeats = 1 if ctx.quick else ctx.repeats
     table = Table(
         f"worker starts with torch and triton imported ({w} workers; seconds, median of "
         f"{repeats}; USS in MiB)",
