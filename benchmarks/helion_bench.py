@@ -85,6 +85,8 @@ def inject_fault(kind: str, *, every: int = 3) -> Any:
 
 
 def _matmul() -> Any:
+    # Module globals, not locals: Helion refuses a kernel that closes over names.
+    global hl, torch
     import helion
     import helion.language as hl
     import torch
