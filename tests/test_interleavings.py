@@ -258,6 +258,44 @@ def test_workers_starting_when_the_parent_is_killed_do_not_outlive_it() -> None:
         _kill_tagged(set(tags))
 
 
+_FORKING_SCRIPT = """
+import os, signal, sys, time
+from precompile_executor import PrecompileExecutor
+executor = PrecompileExecutor(max_workers=2, start="template")
+executor.warm_up(timeout=60)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:  # every task kills its worker: the template forks replacements
+    executor.submit(os._exit, 3)
+    time.sleep(0.005)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_template_and_forked_workers_die_with_a_parent_killed_mid_fork() -> None:
+    tags = {}
+    try:
+        for delay in ("0.02", "0.1", "0.25", "0.5"):
+            tag = f"forking-{delay}-{uuid.uuid4()}"
+            tags[tag] = delay
+            result = _run_script(_FORKING_SCRIPT, delay, tag=tag, cleanup=False)
+            assert result.returncode == -signal.SIGKILL, result.stderr
+        deadline = time.monotonic() + 15
+        while True:
+            left = _tagged_processes(set(tags))
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        report = [
+            f"parent killed {tags[tag]}s into a burst of crashes: pid {proc.pid}"
+            for tag, procs in left.items()
+            for proc in procs
+        ]
+        assert not report, "processes outlived their killed parent by 15 s:\n" + "\n".join(report)
+    finally:
+        _kill_tagged(set(tags))
+
+
 # -- 4a: a re-queued task is not failed by the dead worker's EOF; no worker stays busy ------------
 
 
