@@ -167,6 +167,8 @@ class Core:
         self.workers: set[WorkerHandle] = set()  # this executor's live workers (both paths)
         self.idle: list[WorkerHandle] = []  # its idle spawn workers, warmest last
         self.held = 0  # open batch() blocks: nothing is dispatched meanwhile
+        self.predicted_sum = 0.0  # predictions of the tasks queued so far that had one
+        self.predicted_n = 0
         self.shutdown = False
         self.broken: BaseException | None = None
         self.completed = self.failed = self.cancelled = 0
@@ -259,6 +261,8 @@ class Core:
         return actions
 
     def _take_idle(self) -> WorkerHandle:
+        if not self.devices:
+            return self.idle.pop()  # the warmest
         busy = Counter(w.device for w in self.workers if w.state == "busy")
         index = _scheduler.pick_idle([w.device for w in self.idle], busy)
         return self.idle.pop(index)
@@ -292,7 +296,7 @@ class Core:
         # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
         if self.broken is not None:
             return []
-        waiting = sum(1 for _, t in self.queues["spawn"] if not t.future.cancelled())
+        waiting = self._waiting_spawn(limit=self.max_workers)
         if not waiting:
             return []
         spawn = self._spawn_workers()
@@ -312,6 +316,28 @@ class Core:
         if self.start == "template" and self.hub.template_refused(self.key) is None:
             return "template"
         return "interpreter"
+
+    def _waiting_spawn(self, limit: int) -> int:
+        """Queued spawn tasks not cancelled, counted up to ``limit`` (no decision needs more):
+        the pump runs after every task, so it must not walk a queue of thousands."""
+        n = 0
+        for _, task in self.queues["spawn"]:
+            if task.future_running or not task.future.cancelled():
+                n += 1
+                if n >= limit:
+                    break
+        return n
+
+    def enqueue_predicted(self, task: Task) -> list[Action]:
+        """Queue ``task``; one with no prediction is placed as the average known task of this
+        executor, not last: an unknown task (a first call of a new function, a hang) that starts
+        last holds the batch for its whole duration (lock held)."""
+        if task.predicted_s > 0:
+            self.predicted_sum += task.predicted_s
+            self.predicted_n += 1
+        elif self.predicted_n:
+            task.predicted_s = self.predicted_sum / self.predicted_n
+        return self.enqueue(task)
 
     def device_key(self, device: str | None) -> bytes:
         """The pool key of this executor's workers pinned to ``device``."""

@@ -371,7 +371,7 @@ class PrecompileExecutor(Executor):
         with core.lock:
             self._check_open()
             self._tasks.add(task)
-            actions = core.enqueue(task)
+            actions = core.enqueue_predicted(task)
         core.hub.run(actions)
         return future
 

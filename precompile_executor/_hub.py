@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import shutil
 import socket
 import tempfile
@@ -139,7 +140,15 @@ class Hub:
         self._capture_ids = iter(range(1, 1 << 62))
         self._to_close: list[tuple[Connection, threading.Lock]] = []
         self._jobs = ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="precompile-job")
-        self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="precompile-settle")
+        # Settling is one small job per task: a plain queue and threads of our own cost less per
+        # task than a ThreadPoolExecutor (no Future, no Condition per job).
+        self._settle_queue: queue.SimpleQueue[tuple[Task, Any] | None] = queue.SimpleQueue()
+        self._settlers = [
+            threading.Thread(target=self._settle_loop, name=f"precompile-settle-{i}", daemon=True)
+            for i in range(SETTLE_THREADS)
+        ]
+        for thread in self._settlers:
+            thread.start()
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
@@ -235,11 +244,22 @@ class Hub:
             fn(*args)
 
     def _settle(self, task: Task, outcome: Any) -> None:
-        try:
-            self._settlers.submit(task.owner.settle, task, outcome)
-        except RuntimeError:
-            task.owner.settle(task, outcome)
+        if self.closed and not any(t.is_alive() for t in self._settlers):
+            task.owner.settle(task, outcome)  # the settle threads are gone: do it here
+        else:
+            self._settle_queue.put((task, outcome))
 
+    def _settle_loop(self) -> None:
+        while True:
+            item = self._settle_queue.get()
+            if item is None:
+                return
+            task, outcome = item
+            try:
+                task.owner.settle(task, outcome)
+            except BaseException:  # noqa: BLE001 - settle never raises; never lose this thread
+                log.exception("settling task %d raised", task.id)
+            del item, task, outcome  # hold no result while waiting for the next one
     def _send(self, worker: WorkerHandle, task: Task) -> None:
         assert task.blob is not None
         message = encode(Run(task.id, task.n, task.want_output, task.blob))
@@ -664,11 +684,22 @@ class Hub:
                 self._unknown.append(Connection(sock.detach()))
 
     def _readable(self, conn: Connection) -> None:
-        try:
-            message = decode(conn.recv_bytes())
-        except Exception:  # noqa: BLE001 - EOF, a closed socket, a garbled stream: all the end
-            self._eof(conn)
-            return
+        # Everything already in the socket (a quick task's Started and Done arrive together):
+        # one poll round per burst, not per message.
+        while True:
+            try:
+                message = decode(conn.recv_bytes())
+            except Exception:  # noqa: BLE001 - EOF, a closed socket, a garbled stream: the end
+                self._eof(conn)
+                return
+            self._dispatch(conn, message)
+            try:
+                if conn.closed or not conn.poll():
+                    return
+            except (OSError, ValueError):
+                return
+
+    def _dispatch(self, conn: Connection, message: Any) -> None:
         if isinstance(message, Started):
             self._started(conn, message)
         elif isinstance(message, Done):
@@ -893,7 +924,10 @@ class Hub:
                 _reap_child(worker.pid)
             self._retire(worker)
         self._jobs.shutdown(wait=True)
-        self._settlers.shutdown(wait=True)
+        for _ in self._settlers:
+            self._settle_queue.put(None)
+        for thread in self._settlers:
+            thread.join(timeout=10.0)
         self.guardian.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
