@@ -260,6 +260,7 @@ class Hub:
             except BaseException:  # noqa: BLE001 - settle never raises; never lose this thread
                 log.exception("settling task %d raised", task.id)
             del item, task, outcome  # hold no result while waiting for the next one
+
     def _send(self, worker: WorkerHandle, task: Task) -> None:
         assert task.blob is not None
         message = encode(Run(task.id, task.n, task.want_output, task.blob))
