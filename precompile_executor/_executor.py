@@ -55,6 +55,7 @@ from ._costs import shared_model as _shared_model
 from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
+from ._validate import check_flag, check_priority, check_timeout
 from ._worker import Call
 
 log = logging.getLogger("precompile_executor")
@@ -117,16 +118,6 @@ class _Options:
     priority: float
     with_output: bool
     cost: float | None = None
-
-
-def _check_timeout(value: object, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {value!r}")
-    return float(value)
 
 
 def _check_path(value: object) -> Path:
@@ -264,8 +255,8 @@ class PrecompileExecutor(Executor):
             raise ValueError(f"start must be 'template' or 'interpreter', got {start!r}")
         if not isinstance(ignore_errors, bool):
             raise TypeError(f"ignore_errors must be a bool, got {ignore_errors!r}")
-        self._options = _Options(_check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
-        idle = _check_timeout(idle_timeout, "idle_timeout")
+        self._options = _Options(check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
+        idle = check_timeout(idle_timeout, "idle_timeout")
         init_blob = None
         if initializer is not None:
             try:
@@ -478,17 +469,13 @@ class PrecompileExecutor(Executor):
         """
         opts = self._options
         if timeout is not ...:
-            opts = dataclasses.replace(opts, timeout=_check_timeout(timeout, "timeout"))
+            opts = dataclasses.replace(opts, timeout=check_timeout(timeout, "timeout"))
         if path is not ...:
             opts = dataclasses.replace(opts, path=_check_path(path))
         if priority is not ...:
-            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-                raise TypeError(f"priority must be a number, got {priority!r}")
-            opts = dataclasses.replace(opts, priority=float(priority))
+            opts = dataclasses.replace(opts, priority=check_priority(priority))
         if with_output is not ...:
-            if not isinstance(with_output, bool):
-                raise TypeError(f"with_output must be a bool, got {with_output!r}")
-            opts = dataclasses.replace(opts, with_output=with_output)
+            opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
         if cost is not ...:
             if cost is not None:
                 if isinstance(cost, bool) or not isinstance(cost, (int, float)):

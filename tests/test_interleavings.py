@@ -239,23 +239,28 @@ def test_workers_starting_when_the_parent_is_killed_do_not_outlive_it() -> None:
             tags[tag] = delay
             result = _run_script(_ORPHAN_SCRIPT, delay, tag=tag, cleanup=False)
             assert result.returncode == -signal.SIGKILL, result.stderr
-        deadline = time.monotonic() + 15
-        while True:
-            left = _tagged_processes(set(tags))
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        report = []
-        for tag, procs in left.items():
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    report.append(
-                        f"parent killed {tags[tag]}s after its first submit: pid {proc.pid} "
-                        f"{' '.join(proc.cmdline())[:100]}"
-                    )
-        assert not report, "processes outlived their killed parent by 15 s:\n" + "\n".join(report)
+        _assert_none_outlived(tags, "after its first submit")
     finally:
         _kill_tagged(set(tags))
+
+
+def _assert_none_outlived(tags: dict[str, str], when: str) -> None:
+    """No process carrying one of ``tags`` (tag → delay) is alive 15 s after its parent died."""
+    deadline = time.monotonic() + 15
+    while True:
+        left = _tagged_processes(set(tags))
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    report = []
+    for tag, procs in left.items():
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                report.append(
+                    f"parent killed {tags[tag]}s {when}: pid {proc.pid} "
+                    f"{' '.join(proc.cmdline())[:100]}"
+                )
+    assert not report, "processes outlived their killed parent by 15 s:\n" + "\n".join(report)
 
 
 _FORKING_SCRIPT = """
@@ -280,18 +285,7 @@ def test_template_and_forked_workers_die_with_a_parent_killed_mid_fork() -> None
             tags[tag] = delay
             result = _run_script(_FORKING_SCRIPT, delay, tag=tag, cleanup=False)
             assert result.returncode == -signal.SIGKILL, result.stderr
-        deadline = time.monotonic() + 15
-        while True:
-            left = _tagged_processes(set(tags))
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        report = [
-            f"parent killed {tags[tag]}s into a burst of crashes: pid {proc.pid}"
-            for tag, procs in left.items()
-            for proc in procs
-        ]
-        assert not report, "processes outlived their killed parent by 15 s:\n" + "\n".join(report)
+        _assert_none_outlived(tags, "into a burst of crashes")
     finally:
         _kill_tagged(set(tags))
 

@@ -54,6 +54,7 @@ from precompile_executor import (
     WorkerStartError,
 )
 
+from .._validate import check_flag, check_priority, check_timeout
 from . import _node
 from ._plan import departed, free_slots, pick_node
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -162,16 +163,6 @@ class _Node:
 
 
 _ids = itertools.count(1)
-
-
-def _check_timeout(value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {value!r}")
-    if not value > 0:
-        raise ValueError(f"timeout must be > 0 seconds (or None for no limit), got {value!r}")
-    return float(value)
 
 
 class _State:
@@ -529,7 +520,7 @@ class DaskPrecompileExecutor(Executor):
                 raise ValueError(f"max_workers_per_node must be >= 1, got {per_node}")
         if isinstance(workers, str):
             raise TypeError("workers must be a list of dask worker addresses, not one string")
-        self._options = _Options(_check_timeout(timeout), 0.0, False)
+        self._options = _Options(check_timeout(timeout), 0.0, False)
         try:
             settings = cloudpickle.dumps((initializer, initargs, classify))
         except Exception as exc:
@@ -632,15 +623,11 @@ class DaskPrecompileExecutor(Executor):
         """
         opts = self._options
         if timeout is not ...:
-            opts = dataclasses.replace(opts, timeout=_check_timeout(timeout))
+            opts = dataclasses.replace(opts, timeout=check_timeout(timeout))
         if priority is not ...:
-            if isinstance(priority, bool) or not isinstance(priority, (int, float)):
-                raise TypeError(f"priority must be a number, got {priority!r}")
-            opts = dataclasses.replace(opts, priority=float(priority))
+            opts = dataclasses.replace(opts, priority=check_priority(priority))
         if with_output is not ...:
-            if not isinstance(with_output, bool):
-                raise TypeError(f"with_output must be a bool, got {with_output!r}")
-            opts = dataclasses.replace(opts, with_output=with_output)
+            opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
         if path is not ... and path != "spawn":
             raise ValueError(
                 "path must be 'spawn' on a dask cluster (a node cannot fork the caller), "
