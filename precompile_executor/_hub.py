@@ -16,10 +16,10 @@ Threads and what they own:
 * **monitor** (one): waits on every socket; turns wire messages into state changes under
   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
-  the user's done-callbacks) to the settle pool. It alone closes worker sockets.
+  the user's done-callbacks) to the settle threads. It alone closes worker sockets.
 * **job pool** (bounded): starts workers, kills process groups, reaps dead workers and reports
   their tasks, stops workers.
-* **settle pool** (bounded): unpickles results and sets futures.
+* **settle threads** (a fixed few, fed by a queue): unpickle results and set futures.
 * callers' threads: submit, decide under ``lock`` and run the resulting actions.
 
 ``lock`` guards every task, worker handle and executor core (one lock: a task's state and its
