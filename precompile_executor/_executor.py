@@ -55,7 +55,13 @@ from ._costs import shared_model as _shared_model
 from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
-from ._validate import check_flag, check_priority, check_timeout
+from ._validate import (
+    check_flag,
+    check_priority,
+    check_timeout,
+    describe_unpicklable,
+    short_repr,
+)
 from ._worker import Call
 
 log = logging.getLogger("precompile_executor")
@@ -149,27 +155,6 @@ def _default_workers() -> int:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return max(1, round(cores * DEFAULT_WORKERS_PER_CORE))
-
-
-def _describe_unpicklable(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Name the first of ``fn``, ``args`` and ``kwargs`` that cloudpickle cannot serialize."""
-    candidates: list[tuple[str, Any]] = [("the callable", fn)]
-    candidates += [(f"positional argument {i}", a) for i, a in enumerate(args)]
-    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    for what, obj in candidates:
-        try:
-            cloudpickle.dumps(obj)
-        except Exception as exc:  # noqa: BLE001
-            return f"{what} {_short_repr(obj)} ({type(obj).__qualname__}): {exc}"
-    return "the call"
-
-
-def _short_repr(obj: Any) -> str:
-    try:
-        text = repr(obj)
-    except Exception:  # noqa: BLE001
-        text = object.__repr__(obj)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class PrecompileExecutor(Executor):
@@ -314,7 +299,7 @@ class PrecompileExecutor(Executor):
     ) -> Future[Any]:
         fn = calls[0][0]
         if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__} {_short_repr(fn)}")
+            raise TypeError(f"fn must be callable, got {type(fn).__name__} {short_repr(fn)}")
         core = self._core
         with core.lock:
             self._check_open()
@@ -329,7 +314,7 @@ class PrecompileExecutor(Executor):
                 blob = pickle.dumps((fn_blob, cloudpickle.dumps([(a, k) for _, a, k in calls])))
             except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
                 if opts.path != "auto":
-                    what = _describe_unpicklable(*calls[0]) if len(calls) == 1 else "a call"
+                    what = describe_unpicklable(*calls[0]) if len(calls) == 1 else "a call"
                     error = SerializationError(
                         f"could not serialize {what} for a spawned worker. Run unpicklable work "
                         "on the fork path: executor.options(path='fork'), or path='auto' to fall "

@@ -1,6 +1,11 @@
-"""Validation of the per-task settings every executor here takes (one message per mistake)."""
+"""Validation of what every executor here takes: per-task settings, and calls that must pickle
+(one message per mistake, naming the culprit)."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
 
 
 def check_timeout(value: object, name: str = "timeout") -> float | None:
@@ -26,3 +31,24 @@ def check_flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {value!r}")
     return value
+
+
+def describe_unpicklable(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Name the first of ``fn``, ``args`` and ``kwargs`` that cloudpickle cannot serialize."""
+    candidates: list[tuple[str, Any]] = [("the callable", fn)]
+    candidates += [(f"positional argument {i}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for what, obj in candidates:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001
+            return f"{what} {short_repr(obj)} ({type(obj).__qualname__}): {exc}"
+    return "the call"
+
+
+def short_repr(obj: Any) -> str:
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001
+        text = object.__repr__(obj)
+    return text if len(text) <= 80 else text[:77] + "..."

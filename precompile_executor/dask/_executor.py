@@ -54,7 +54,7 @@ from precompile_executor import (
     WorkerStartError,
 )
 
-from .._validate import check_flag, check_priority, check_timeout
+from .._validate import check_flag, check_priority, check_timeout, describe_unpicklable
 from . import _node
 from ._plan import departed, free_slots, pick_node
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -561,8 +561,8 @@ class DaskPrecompileExecutor(Executor):
             blob = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
             error = SerializationError(
-                f"could not serialize {_unpicklable(fn, args, kwargs)} to send it to a node: "
-                f"{exc}. Tasks on a dask cluster must pickle (cloudpickle)."
+                f"could not serialize {describe_unpicklable(fn, args, kwargs)} to send it to a "
+                "node. Tasks on a dask cluster must pickle (cloudpickle)."
             )
             error.__cause__ = exc
             with state.lock:
@@ -741,16 +741,3 @@ def _abandon(state: _State) -> None:
     with state.lock:
         state.closing = True
         state.poke()
-
-
-def _unpicklable(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Name the first of ``fn``, ``args`` and ``kwargs`` that cloudpickle cannot serialize."""
-    candidates: list[tuple[str, Any]] = [("the callable", fn)]
-    candidates += [(f"positional argument {i}", a) for i, a in enumerate(args)]
-    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    for what, obj in candidates:
-        try:
-            cloudpickle.dumps(obj)
-        except Exception:  # noqa: BLE001
-            return f"{what} {object.__repr__(obj)}"
-    return "the call"
