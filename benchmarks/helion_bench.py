@@ -66,12 +66,21 @@ def shim_intel_gpu_error() -> bool:
 SHIMMED = shim_intel_gpu_error()  # at import: spawn children of Helion import this module first
 
 
-def worker_init() -> None:
-    """Spawn workers' initializer: the shim, then the imports every config needs."""
+def worker_init(target: str | None = None) -> None:
+    """Spawn workers' initializer: the shim, then what every config needs (imports, and with a
+    Triton ``target`` one tiny compile: :func:`precompile_executor.helion.import_helion`)."""
     shim_intel_gpu_error()
-    import helion  # noqa: F401
-    import torch  # noqa: F401
-    import triton  # noqa: F401
+    from precompile_executor.helion import import_helion
+
+    import_helion(target)
+
+
+def _triton_target() -> str:
+    """This machine's GPU as a Triton target, e.g. ``"cuda:90"``."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"cuda:{major}{minor}"
 
 
 def inject_fault(kind: str, *, every: int = 3) -> Any:
@@ -137,14 +146,24 @@ def run_scenario(mode: str, search: str, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": mode, "search": search, "size": size, "jobs": jobs}
     with contextlib.ExitStack() as stack:
         if mode.startswith("ours"):
-            ex = stack.enter_context(PrecompileExecutor(jobs, initializer=worker_init))
+            # Spawn workers pinned to the GPU: each creates its CUDA context as it starts.
+            ex = stack.enter_context(
+                PrecompileExecutor(
+                    jobs,
+                    initializer=worker_init,
+                    initargs=(_triton_target(),),
+                    devices=[0] if mode == "ours-spawn" else None,
+                )
+            )
             if mode == "ours-spawn":  # the fork path needs no spawn workers
                 t0 = time.perf_counter()
                 ex.warm_up(timeout=300)
                 out["warm_up_s"] = time.perf_counter() - t0
+                out["start"] = ex.statistics().start
             stack.enter_context(use(ex))
         waits: list[float] = []
         failures: list[int] = []
+        parts = dict.fromkeys(("tasks", "in_worker_s", "load_s", "run_s", "arg_loads"), 0.0)
         real_wait = PrecompileFuture.__dict__["wait_for_all"].__func__
 
         def timed_wait(futures: list[Any], desc: str | None = None) -> list[bool]:
@@ -154,6 +173,18 @@ def run_scenario(mode: str, search: str, quick: bool) -> dict[str, Any]:
             finally:
                 waits.append(time.perf_counter() - t)
             failures.append(ok.count(False))
+            for f in futures:  # ours-spawn: where each config's time in its worker went
+                fut = getattr(f, "future", None)
+                if fut is None or fut.cancelled() or fut.exception() is not None:
+                    continue
+                r = fut.result()
+                parts["tasks"] += 1
+                parts["in_worker_s"] += r.elapsed_s
+                run = getattr(r, "value", None)
+                if run is not None and hasattr(run, "load_s"):
+                    parts["load_s"] += run.load_s
+                    parts["run_s"] += run.launch_s
+                    parts["arg_loads"] += int(run.args_loaded)
             return ok
 
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
@@ -164,6 +195,8 @@ def run_scenario(mode: str, search: str, quick: bool) -> dict[str, Any]:
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
         out["autotune_s"] = time.perf_counter() - t0
     out.update(precompile_wait_s=sum(waits), batches=len(waits), failures=sum(failures))
+    if parts["tasks"]:
+        out["in_worker"] = {k: round(v, 3) for k, v in parts.items()}
     out["best_config"] = str(best)
     if metrics:
         m = metrics[-1]
@@ -235,7 +268,7 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
     """The markdown table, with machine, versions and date."""
     lines = [
         "| search | mode | autotune s | precompile wait s | failures | batches | best ms | "
-        "configs | executor warm-up s | best config |",
+        "configs | executor warm-up s, start | best config |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r["search"]: r for r in rows if r["mode"] == "native-fork" and "error" not in r}
@@ -254,7 +287,8 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
             f"| {r['search']} | {r['mode']} | {r['autotune_s']:.1f}{ratio} | "
             f"{r['precompile_wait_s']:.1f}{wratio} | {r['failures']} | {r['batches']} | "
             f"{_fmt(r.get('best_ms'), '.4f')} | {r.get('configs_tested', '—')} | "
-            f"{_fmt(r.get('warm_up_s'))} | `{r['best_config']}` |"
+            f"{_fmt(r.get('warm_up_s'))}{' ' + r['start'] if 'start' in r else ''} | "
+            f"`{r['best_config']}` |"
         )
     head = [f"- {k}: {v}" for k, v in stamp.items()]
     return "\n".join(head + ["", *lines, ""])

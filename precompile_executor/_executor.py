@@ -187,7 +187,9 @@ class PrecompileExecutor(Executor):
             Each spare costs a worker's memory.
         devices: pin spawn workers to these GPUs (``CUDA_VISIBLE_DEVICES`` set before each
             worker starts), spread evenly: ``max_workers=8, devices=[0, 1]`` gives 4 workers per
-            GPU. A replacement worker goes to the device with the fewest. ``None``: no pinning.
+            GPU. A replacement worker goes to the device with the fewest. A pinned worker whose
+            initializer imported torch creates its CUDA context as it starts (before
+            ``warm_up()`` returns), not in its first task. ``None``: no pinning.
         start: how spawn workers start. ``"template"`` (default): one fresh interpreter per
             worker kind (initializer, initargs) runs the initializer once — imports, a warm-up
             compile — and forks each worker from that warm state in milliseconds, so a worker

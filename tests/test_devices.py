@@ -81,3 +81,29 @@ def test_a_non_sticky_cuda_error_keeps_its_worker() -> None:
         assert isinstance(error, RuntimeError) and error.worker_pid == pid  # type: ignore[attr-defined]
         assert executor.submit(os.getpid).result(timeout=30) == pid
         assert executor.statistics().worker_restarts == 0
+
+
+def _import_torch() -> None:
+    import torch  # noqa: F401
+
+
+def _cuda_state() -> tuple[str | None, bool, bool]:
+    import torch
+
+    return worker_device(), torch.cuda.is_available(), torch.cuda.is_initialized()
+
+
+@pytest.mark.timeout(180)
+def test_a_pinned_worker_without_a_usable_gpu_still_starts_and_serves() -> None:
+    """Pinned workers open their CUDA context as they start; where CUDA cannot work (no GPU, a
+    CPU build of torch) that attempt is dropped and the worker serves as usual."""
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks a machine without a GPU (tests/test_gpu.py covers the other)")
+    with PrecompileExecutor(1, devices=[0], initializer=_import_torch, timeout=60) as ex:
+        ex.warm_up(timeout=120)
+        device, available, initialized = ex.submit(_cuda_state).result(timeout=60)
+        assert ex.submit(os.getpid).result(timeout=60) > 0
+    assert (device, available, initialized) == ("0", False, False)

@@ -446,6 +446,40 @@ def test_workers_that_run_no_gpu_task_never_initialise_cuda() -> None:
         assert not cpu_pids & listed
 
 
+def _import_torch_tagged(name: str) -> None:
+    import torch as worker_torch  # noqa: F401
+
+    _tag(name)
+
+
+def _cuda_initialized_and_pid() -> tuple[bool, int, str | None]:
+    import torch as worker_torch
+
+    return worker_torch.cuda.is_initialized(), os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@needs_gpus(1)
+@pytest.mark.timeout(240)
+def test_pinned_workers_create_their_cuda_context_as_they_start() -> None:
+    """A worker pinned to a GPU opens its context before hello (so warm_up() pays it, not the
+    first task); an unpinned one never touches CUDA; a template still forks (one import)."""
+    with (
+        PrecompileExecutor(
+            2, devices=[0], initializer=_import_torch_tagged, initargs=("pinned",)
+        ) as pinned,
+        PrecompileExecutor(2, initializer=_import_torch_tagged, initargs=("unpinned",)) as plain,
+    ):
+        pinned.warm_up(timeout=RESULT_TIMEOUT_S)
+        plain.warm_up(timeout=RESULT_TIMEOUT_S)
+        first = [pinned.submit(_cuda_initialized_and_pid) for _ in range(2)]
+        states = [f.result(timeout=RESULT_TIMEOUT_S) for f in first]
+        unpinned = plain.submit(_cuda_initialized_and_pid).result(timeout=RESULT_TIMEOUT_S)
+        assert pinned.statistics().start == "template"
+    assert all(initialized for initialized, _, _ in states), states
+    assert {visible for _, _, visible in states} == {"0"}
+    assert unpinned[0] is False, unpinned
+
+
 STICKY_KERNELS: dict[str, tuple[Any, Callable[[], tuple[Any, ...]], dict[str, Any]]] = {
     "illegal address": (far_store_kernel, lambda: (torch.zeros(32), 1 << 40), {}),
     "misaligned address": (misaligned_kernel, lambda: (torch.zeros(64, dtype=torch.uint8),), {}),

@@ -118,11 +118,19 @@ def generated_kernel(spec: Any) -> GeneratedKernel:
     return GeneratedKernel(spec, env, source_key(spec, env))
 
 
-def import_helion() -> None:
+def import_helion(target: str | None = None) -> None:
     """An ``initializer`` for spawn workers: import Helion, torch and Triton once per worker.
 
-    Without it the first task on each worker pays the imports inside its timeout.
+    Without it the first task on each worker pays the imports inside its timeout. With a Triton
+    ``target`` (e.g. ``"cuda:90"``) it also compiles one tiny kernel for it
+    (:func:`precompile_executor.triton.prewarm`), so no config pays the process's cold first
+    compile: ``PrecompileExecutor(16, initializer=import_helion, initargs=("cuda:90",))``.
     """
     import helion  # noqa: F401
     import torch  # noqa: F401
     import triton  # noqa: F401
+
+    if target is not None:
+        from ..triton import prewarm
+
+        prewarm(target)
