@@ -316,11 +316,14 @@ def _contention(
         ctx.log(f"s7: contention, {n} workers{' pinned' if pinned else ''}")
         if pinned:
             counter = os.path.join(ctx.fresh_dir("pin"), "counter")
+            # Interpreters: pinning is per process, and a warm template would run this
+            # initializer once and fork every worker onto its one core.
             ex = pe.PrecompileExecutor(
                 n,
                 initializer=import_torch_triton_pinned,
                 initargs=(counter,),
                 cost_history=history,
+                start="interpreter",
             )
         else:
             ex = _batch.new_executor(n, cost_history=history)

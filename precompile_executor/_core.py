@@ -214,6 +214,7 @@ class Core:
             if task.future_running or not task.future.cancelled():
                 return task
             heapq.heappop(queue)
+            task.future.set_running_or_notify_cancel()  # so wait()/as_completed see it
             task.close()
             self.cancelled += 1
         return None

@@ -94,6 +94,20 @@ THREAD_LIMIT_VARS = (
 a BLAS/OpenMP thread pool of its own (loky's executors limit them likewise), and an imported
 numpy or torch then leaves a template single-threaded, so it can fork."""
 
+FORK_FRIENDLY_ENV = {
+    # torch.cuda.is_available() asks NVML instead of initializing the CUDA driver (which
+    # starts a driver thread and leaves a process that cannot fork); torch._inductor's import
+    # calls it, and so does `import helion`.
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    # pyarrow (imported by pandas, which some compile stacks import) starts a jemalloc
+    # background thread on import unless told not to.
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+}
+"""Set in every worker and template (unless the caller set them): without them a common
+initializer (``import torch._inductor``, ``import helion``) leaves native threads running on a
+GPU machine, and the template cannot fork (measured on the H200 image: a CUDA driver thread and
+a jemalloc thread)."""
+
 TEMPLATE_FAILURES_BEFORE_FALLBACK = 2
 """A template that dies this many times without serving a fork is given up for its kind:
 workers of that kind then start as fresh interpreters."""
@@ -326,6 +340,7 @@ class Hub:
                 if self.closed or worker.is_dead():
                     return
             env = {v: "1" for v in THREAD_LIMIT_VARS if v not in os.environ}
+            env.update({k: v for k, v in FORK_FRIENDLY_ENV.items() if k not in os.environ})
             if worker.device is not None:
                 # Set before the interpreter starts, so CUDA only ever sees this one device.
                 env["CUDA_VISIBLE_DEVICES"] = env["PRECOMPILE_EXECUTOR_DEVICE"] = worker.device

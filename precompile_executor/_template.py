@@ -37,14 +37,26 @@ def fork_safety() -> str | None:
     threads = max(threads, threading.active_count())
     if threads > 1:
         return (
-            f"the initializer left {threads} threads running (a fork copies only the calling "
-            "thread; locks the others hold would stay locked in the child)"
+            f"the initializer left {threads} threads running ({', '.join(_thread_names())}; a "
+            "fork copies only the calling thread, and locks the others hold would stay locked "
+            "in the child)"
         )
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     if cuda is not None and cuda.is_initialized():
         return "the initializer initialized CUDA (a CUDA context does not survive a fork)"
     return None
+
+
+def _thread_names() -> list[str]:
+    """This process's threads by their kernel names (``/proc/self/task/*/comm``), e.g. a CUDA
+    driver thread or ``jemalloc_bg_thd``: native threads have no Python name."""
+    names = []
+    with contextlib.suppress(OSError):
+        for tid in sorted(os.listdir("/proc/self/task")):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+    return names or ["names unknown"]
 
 
 def serve_template(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:

@@ -384,3 +384,71 @@ def test_batch_lets_priority_order_the_first_wave_too(make: Make) -> None:
         for f in cf.as_completed(futures, timeout=30):
             order.append(f.result())
     assert order == [25, 9, 1]
+
+
+def test_a_views_shutdown_closes_the_view_only(make: Make) -> None:
+    """``options()`` returns a view: its shutdown refuses new tasks through it, waits for (or with
+    ``cancel_futures`` cancels) the tasks submitted through it, and leaves the executor and its
+    other views running."""
+    with make(1) as executor:
+        executor.warm_up(timeout=30)
+        view = executor.options(timeout=30)
+        other = executor.options(priority=1)
+        blocker = view.submit(crashers.square, 2, 1.0)
+        deadline = time.monotonic() + 30
+        while not blocker.running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert blocker.running()
+        queued = view.submit(crashers.square, 3)
+        theirs = other.submit(crashers.square, 4)
+        view.shutdown(wait=True, cancel_futures=True)
+        assert blocker.done() and blocker.result() == 4  # started: waited for
+        assert queued.cancelled()  # the view's own task, not started: cancelled
+        assert theirs.result(timeout=30) == 16  # another view's task: untouched
+        with pytest.raises(RuntimeError):
+            view.submit(crashers.square, 5)
+        assert other.submit(crashers.square, 6).result(timeout=30) == 36
+        assert executor.submit(crashers.square, 7).result(timeout=30) == 49
+
+
+def test_a_cancelled_queued_future_is_seen_by_wait_and_as_completed(make: Make) -> None:
+    with make(1) as executor:
+        executor.warm_up(timeout=30)
+        blocker = executor.submit(crashers.square, 2, 1.0)
+        queued = executor.submit(crashers.square, 3)
+        assert queued.cancel()
+        done, not_done = cf.wait([queued], timeout=10)
+        assert done == {queued} and not not_done
+        assert list(cf.as_completed([queued], timeout=10)) == [queued]
+        assert blocker.result(timeout=30) == 4
+
+
+def _start_a_thread() -> None:
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+
+def test_an_initializer_that_leaves_a_thread_gets_interpreters_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="precompile_executor"):
+        with PrecompileExecutor(2, initializer=_start_a_thread) as executor:
+            executor.warm_up(timeout=120)
+            assert executor.submit(crashers.square, 3).result(timeout=30) == 9
+            assert executor.statistics().start == "interpreter"
+    said = [r.getMessage() for r in caplog.records if "warm template" in r.getMessage()]
+    assert len(said) == 1, said  # once, with the reason and the threads' kernel names
+    assert "the initializer left 2 threads running (" in said[0]
+
+
+def _import_pyarrow() -> None:
+    import pyarrow  # noqa: F401
+
+
+def test_an_initializer_importing_pyarrow_still_gets_a_template() -> None:
+    """pyarrow starts a jemalloc background thread on import; workers and templates start with
+    it turned off (``JE_ARROW_MALLOC_CONF``), so the template can still fork."""
+    pytest.importorskip("pyarrow")
+    with PrecompileExecutor(1, initializer=_import_pyarrow) as executor:
+        executor.warm_up(timeout=120)
+        assert executor.submit(crashers.square, 4).result(timeout=30) == 16
+        assert executor.statistics().start == "template"

@@ -39,6 +39,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, InvalidStateError
+from concurrent.futures import wait as futures_wait
 from typing import Any, Literal, TypeVar
 
 import cloudpickle
@@ -351,15 +352,24 @@ class _State:
             task = self.in_flight.get(str(key))
             if task is None or task.state != "dispatched":
                 return
+            if task.future.cancelled():
+                return  # cancelled meanwhile: its callback (waiting for this lock) kills it
             task.state = "running"
-            # False: cancelled meanwhile; its callback (waiting for this lock) kills it.
             task.future.set_running_or_notify_cancel()
 
-    def on_future_done(self, task: _Task, future: Future[Any]) -> None:
+    def on_future_done(
+        self, task: _Task, future: Future[Any], view: DaskPrecompileExecutor | None = None
+    ) -> None:
         """The caller's future finished; if it was cancelled, stop the task (any thread)."""
+        if view is not None:  # may run with self.lock held (a result set under it): not it
+            with view._tasks_lock:
+                view._tasks.discard(task)
         if not future.cancelled():
             return
         with self.lock:
+            # Only here (on_started skips a cancelled future), at once: wait() and
+            # as_completed() see it without waiting for a node slot.
+            future.set_running_or_notify_cancel()
             self.cancelled += 1
             if self.in_flight.get(task.key) is task:
                 del self.in_flight[task.key]
@@ -539,6 +549,9 @@ class DaskPrecompileExecutor(Executor):
         state.thread.start()
         self._state = state
         self._parent: DaskPrecompileExecutor | None = None
+        self._closed = False  # a view's own shutdown (the executor's is state.closing)
+        self._tasks: set[_Task] = set()  # submitted through a view, future not yet done
+        self._tasks_lock = threading.Lock()  # guards _tasks (done-callbacks run under state.lock)
         # Dropped without shutdown(): let it finish what it has, then unregister its nodes' pools.
         weakref.finalize(self, _abandon, state).atexit = False
 
@@ -566,7 +579,7 @@ class DaskPrecompileExecutor(Executor):
             )
             error.__cause__ = exc
             with state.lock:
-                if state.closing:
+                if state.closing or self._closed:
                     raise RuntimeError(_AFTER_SHUTDOWN) from None
                 state.failed += 1
             future.set_running_or_notify_cancel()
@@ -579,12 +592,17 @@ class DaskPrecompileExecutor(Executor):
         with state.lock:
             if state.broken is not None:
                 raise state.broken
-            if state.closing:
+            if state.closing or self._closed:
                 raise RuntimeError(_AFTER_SHUTDOWN)
-        future.add_done_callback(lambda f: state.on_future_done(task, f))
+        view = self if self._parent is not None else None
+        future.add_done_callback(lambda f: state.on_future_done(task, f, view))
         with state.lock:
-            if state.closing:
+            if state.closing or self._closed:
                 raise RuntimeError(_AFTER_SHUTDOWN)
+            if view is not None:
+                with view._tasks_lock:
+                    if not future.done():
+                        view._tasks.add(task)
             heapq.heappush(state.queue, (task.sort_key(), task))
             state.poke()
         return future
@@ -637,6 +655,9 @@ class DaskPrecompileExecutor(Executor):
         view._state = self._state
         view._options = opts
         view._parent = self._parent or self  # keeps the executor (and its finalizer) alive
+        view._closed = False
+        view._tasks = set()
+        view._tasks_lock = threading.Lock()
         return view
 
     @contextlib.contextmanager
@@ -706,6 +727,17 @@ class DaskPrecompileExecutor(Executor):
             cancel_futures: cancel the tasks that have not started (queued or dispatched).
         """
         state = self._state
+        if self._parent is not None:  # a view: close it alone, as PrecompileExecutor's views do
+            with state.lock, self._tasks_lock:
+                self._closed = True
+                mine = list(self._tasks)
+                unstarted = [t for t in mine if t.state in ("queued", "dispatched")]
+            if cancel_futures:
+                for task in unstarted:
+                    task.future.cancel()
+            if wait:
+                futures_wait([t.future for t in mine])
+            return
         with state.lock:
             state.closing = True
             state.held = 0
