@@ -73,10 +73,11 @@ Start = Literal["template", "interpreter"]
 _STARTS = ("template", "interpreter")
 
 DEFAULT_WORKERS_PER_CORE = 1.0
-"""``max_workers`` by default: this many workers per usable core (at least one). Compiles on
-every core slow each other down (shared caches, memory bandwidth, the parent's own threads);
-``benchmarks/s2_batch.py --contention`` measures fewer workers and pinning on a machine, and this
-one constant is what to change if the evidence says so."""
+"""``max_workers`` by default: this many workers per usable core (at least one). The evidence
+(``benchmarks/s7_ordering.py --contention``, H200 machine, 16 cores, 64 matmul configs,
+2026-12-01, docs/benchmarks-h200.md): 8 workers 5.16 s, 12 workers 3.58 s, 16 workers 2.79 s —
+compiles on every core slow each other by only 2-7 % (Σ in-worker / Σ sequential), far less than
+a core left idle costs, so one worker per core."""
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
