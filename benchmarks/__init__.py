@@ -16,6 +16,8 @@ Layout (one job per module):
 * :mod:`benchmarks._common` — the run context, timing, process inspection, the machine stamp.
 * :mod:`benchmarks._report` — tables, target ratios, Markdown and the plot.
 * ``s1_overhead`` … ``s8_starts`` — one module per scenario.
+* :mod:`benchmarks._replace_latency` — run on its own: where the time from a worker's crash (or
+  timeout kill) to its replacement starting the next task goes, step by step.
 
 Nothing here is imported by the library or its tests except ``tests/test_benchmarks_smoke.py``,
 which runs the command in ``--quick`` mode.

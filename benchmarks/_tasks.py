@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import importlib
 import json
 import os
 import resource
@@ -30,6 +31,27 @@ def getpid(delay_s: float = 0.0) -> int:
     if delay_s:
         time.sleep(delay_s)
     return os.getpid()
+
+
+def now() -> float:
+    """Return ``time.monotonic()`` as this task starts: system-wide on Linux, so the parent can
+    compare it with its own clock (when did the task start on its worker?)."""
+    return time.monotonic()
+
+
+def stamp_then_sigkill(path: str) -> None:
+    """Write ``time.monotonic()`` to ``path``, then SIGKILL this worker (what the OOM killer
+    does): the parent learns when the worker died."""
+    with open(path, "w") as f:
+        f.write(repr(time.monotonic()))
+    crash("sigkill")
+
+
+def imported_then(module: str, fn: Any, *args: Any) -> Any:
+    """Import ``module``, then return ``fn(*args)``: a task whose own module the worker had not
+    imported yet (unpickling it imports that module first, in every new worker)."""
+    importlib.import_module(module)
+    return fn(*args)
 
 
 def import_torch_triton(label: str = "") -> None:

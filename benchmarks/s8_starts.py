@@ -12,15 +12,13 @@ against its budget.
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import time
 from typing import Any
 
 import precompile_executor as pe
 
-from . import _batch
+from . import _batch, _tasks
 from ._common import Context, memory_mib
 from ._kernels import configs, warm_compile
 from ._report import Section, Table, Target
@@ -28,20 +26,6 @@ from ._tasks import import_torch_triton
 from .s3_faults import _submit_all, faulty_batch
 
 MODES = ("interpreter", "template")
-
-
-def _stamp() -> float:
-    """When this task started (``time.monotonic`` is system-wide on Linux)."""
-    return time.monotonic()
-
-
-def _crash_at() -> None:
-    """SIGKILL this worker (what the OOM killer does)."""
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _hang() -> None:
-    time.sleep(3600)
 
 
 def _import_and_compile(label: str) -> None:
@@ -73,8 +57,11 @@ def _replacement_s(ex: pe.PrecompileExecutor, how: str, timeout: float) -> float
     """From a worker's death (crash) or a timeout kill to the next task's start."""
     view = ex.options(timeout=timeout)
     submitted = time.monotonic()
-    failed = view.submit(_crash_at if how == "crash" else _hang)
-    nxt = view.submit(_stamp)
+    # The tasks come from _tasks, which the initializer's unpickling imported already (in the
+    # template, so in every worker forked from it): a task from this module would make each new
+    # worker import it, and all it imports, before the task starts (~90 ms on 2 cores).
+    failed = view.submit(_tasks.crash, "sigkill") if how == "crash" else view.submit(_tasks.hang)
+    nxt = view.submit(_tasks.now)
     failed.exception(timeout=600)
     start: float = nxt.result(timeout=600)
     # The crashing task dies as soon as it starts (an idle worker takes it at once): count from
@@ -163,7 +150,10 @@ def run(ctx: Context) -> Section:
             "The crash column counts from the submit of the crashing task (it dies as soon as "
             "it starts) to the start of the next task on the replacement; the kill column from "
             "the hanging task's deadline (submit + 0.5 s timeout). One worker, so the next task "
-            "must wait for the replacement.",
+            "must wait for the replacement. The tasks are functions of benchmarks/_tasks.py, "
+            "which the template imported with the initializer: a task whose module a new worker "
+            "has not imported yet pays that import before it starts, in every replacement "
+            "(`python -m benchmarks._replace_latency --import MODULE` measures it).",
             "Fault batch: the scenario-3 batch (configs + 1 task hung in C + 1 crashing task) on "
             f"{w} workers whose initializer imports torch and triton and compiles one unrelated "
             "kernel (for 'template': once, in the template; for 'interpreter': in each new "
