@@ -91,6 +91,22 @@ def _always_restored() -> Iterator[None]:
 # -- the seam --------------------------------------------------------------------------------------
 
 
+def _what_is_warm() -> tuple[bool, bool]:
+    return "helion" in sys.modules, "precompile_executor.triton._prewarm" in sys.modules
+
+
+@pytest.mark.timeout(180)
+def test_import_helion_with_a_target_keeps_the_template_forkable() -> None:
+    """The recommended initializer — Helion imported, one tiny compile for the target — runs
+    once in a warm template that can still fork (no thread, no CUDA), and every worker has it."""
+    with PrecompileExecutor(
+        2, initializer=peh.import_helion, initargs=("cuda:90",), timeout=60
+    ) as ex:
+        ex.warm_up(timeout=150)
+        assert ex.submit(_what_is_warm).result(timeout=60) == (True, True)
+        assert ex.statistics().start == "template"
+
+
 def test_check_accepts_the_installed_helion_1_5_1() -> None:
     assert peh.helion_version() == "1.5.1"
     peh.check_helion()
