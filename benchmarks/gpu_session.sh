@@ -56,7 +56,7 @@ export PYTHONPATH=/tmp/site-shim:/tmp/site:$PWD
 } 2>&1 | tee -a "$OUT/env.txt"
 case "${1:-tests}" in
   tests)
-    timeout "${TESTS_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider -rfEs \
+    timeout "${TESTS_TIMEOUT:-560}" python3 -m pytest -v -p no:cacheprovider -rfEs \
       ${TESTS:-tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py tests/test_helion.py} \
       > "$OUT/tests.txt" 2>&1; tail -40 "$OUT/tests.txt" ;;
   starts)

@@ -474,9 +474,11 @@ def test_pinned_workers_create_their_cuda_context_as_they_start() -> None:
         first = [pinned.submit(_cuda_initialized_and_pid) for _ in range(2)]
         states = [f.result(timeout=RESULT_TIMEOUT_S) for f in first]
         unpinned = plain.submit(_cuda_initialized_and_pid).result(timeout=RESULT_TIMEOUT_S)
-        assert pinned.statistics().start == "template"
+        start = pinned.statistics().start
+    print(f"pinned: {states} start={start}; unpinned: {unpinned}")
+    assert start == "template"
     assert all(initialized for initialized, _, _ in states), states
-    assert {visible for _, _, visible in states} == {"0"}
+    assert {visible for _, _, visible in states} == {"0"}, states
     assert unpinned[0] is False, unpinned
 
 
