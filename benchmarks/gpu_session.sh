@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_session.sh starts    # s8: warm templates vs interpreters (16 workers)
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
+#   bash benchmarks/gpu_session.sh probe     # can a child forked from a template use CUDA?
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +66,8 @@ case "${1:-tests}" in
   ordering)
     timeout "${ORDERING_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s7 \
       --contention --out "$OUT/ordering" 2>&1 | tee "$OUT/ordering.log" | tail -60 ;;
+  probe)
+    timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
       --timeout 150 ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;

@@ -1,0 +1,111 @@
+"""GPU-machine probe: can a worker forked from a template still use CUDA? (for issues 12 and 13)
+
+    python -m benchmarks.gpu_fork_probe            # prints one line per case, then a verdict
+
+Each case runs in a fresh interpreter (``subprocess``), so nothing of one leaks into the next:
+
+* ``torch``: the template imported torch only — what ``open_cuda_context`` does in a worker
+  forked from it (``CUDA_VISIBLE_DEVICES`` set in the child, ``torch.cuda.init()``, a tensor on
+  the GPU, a Triton kernel launched and checked);
+* ``nvml``: the template also called ``torch.cuda.is_available()`` with
+  ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (what ``import torch._inductor`` does at import): an NVML
+  thread is left; can the child still do all of the above?
+* ``runtime``: the same call without the NVML check (``cudaGetDeviceCount``: the driver is
+  initialized in the template);
+* ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim).
+
+For each: the template's threads by kernel name, whether torch says CUDA is initialized there, and
+in the child: ok or the exception. This decides whether ``fork_safety()`` may accept the NVML
+thread (issue 13: a template that imported helion refuses to fork today).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+CASES = ("torch", "nvml", "runtime", "helion")
+
+_CHILD = r"""
+import json, os, sys
+case = sys.argv[1]
+if case == "nvml":
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+import torch
+if case in ("nvml", "runtime"):
+    torch.cuda.is_available()
+if case == "helion":
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    from benchmarks.helion_bench import worker_init
+    worker_init()
+def names():
+    out = []
+    for t in sorted(os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{t}/comm") as f:
+            out.append(f.read().strip())
+    return out
+template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized()}
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    result = {}
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+        torch.cuda.init()
+        x = torch.arange(1024, device="cuda", dtype=torch.float32)
+        import triton, triton.language as tl
+        @triton.jit
+        def double(p, n, BLOCK: tl.constexpr):
+            o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(p + o, tl.load(p + o, mask=o < n) * 2, mask=o < n)
+        double[(1,)](x, 1024, BLOCK=1024)
+        torch.cuda.synchronize()
+        result = {"ok": bool((x.cpu() == torch.arange(1024) * 2).all()),
+                  "device_count": torch.cuda.device_count()}
+    except BaseException as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    os.write(w, json.dumps(result).encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while chunk := os.read(r, 65536):
+    data += chunk
+os.waitpid(pid, 0)
+print(json.dumps({"case": case, "template": template, "child": json.loads(data or b"{}")}))
+"""
+
+
+def main() -> int:
+    """Run every case; print its line and a verdict for the NVML case."""
+    results = {}
+    for case in CASES:
+        env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", _CHILD, case],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                env=env,
+            )
+            line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+            results[case] = json.loads(line) if line else {"stderr": proc.stderr[-1500:]}
+        except subprocess.TimeoutExpired:
+            results[case] = {"error": "timed out after 180 s (a hang in the child?)"}
+        print(json.dumps(results[case]), flush=True)
+    nvml = results.get("nvml", {}).get("child", {})
+    print(
+        "VERDICT: a child forked after an NVML-only probe",
+        "can" if nvml.get("ok") else "can NOT",
+        "use CUDA",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
