@@ -167,8 +167,7 @@ class Core:
         self.workers: set[WorkerHandle] = set()  # this executor's live workers (both paths)
         self.idle: list[WorkerHandle] = []  # its idle spawn workers, warmest last
         self.held = 0  # open batch() blocks: nothing is dispatched meanwhile
-        self.predicted_sum = 0.0  # predictions of the tasks queued so far that had one
-        self.predicted_n = 0
+        self.predicted_max = 0.0  # the longest prediction of the tasks queued so far
         self.shutdown = False
         self.broken: BaseException | None = None
         self.completed = self.failed = self.cancelled = 0
@@ -214,10 +213,30 @@ class Core:
             if task.future_running or not task.future.cancelled():
                 return task
             heapq.heappop(queue)
-            task.future.set_running_or_notify_cancel()  # so wait()/as_completed see it
+            self.claim(task)  # False: cancelled (notified now if it was not yet)
             task.close()
             self.cancelled += 1
         return None
+
+    def claim(self, task: Task) -> bool:
+        """Call the future's ``set_running_or_notify_cancel()``, once per task whoever asks:
+        True, RUNNING (it may start); False, the user cancelled it, and its waiters are
+        notified, so ``wait()`` and ``as_completed()`` see it (lock held)."""
+        if task.future_running:
+            return True
+        if task.cancel_notified:
+            return False
+        if task.future.set_running_or_notify_cancel():
+            task.future_running = True
+            return True
+        task.cancel_notified = True
+        return False
+
+    def cancelled_by_user(self, task: Task) -> None:
+        """A queued task's future was cancelled: notify its waiters now, not when the queue
+        reaches it (the queue drops it then, lock held)."""
+        if task.state is TaskState.QUEUED:
+            self.claim(task)
 
     def pump(self) -> list[Action]:
         """Dispatch what may start now; start workers the queue needs."""
@@ -236,12 +255,10 @@ class Core:
             if path is None:
                 break
             _, task = heapq.heappop(self.queues[path])
-            if not task.future_running:
-                if not task.future.set_running_or_notify_cancel():
-                    task.close()
-                    self.cancelled += 1
-                    continue
-                task.future_running = True
+            if not self.claim(task):
+                task.close()
+                self.cancelled += 1
+                continue
             now = time.monotonic()
             self.in_flight.add(task)
             if path == "fork":
@@ -330,14 +347,15 @@ class Core:
         return n
 
     def enqueue_predicted(self, task: Task) -> list[Action]:
-        """Queue ``task``; one with no prediction is placed as the average known task of this
-        executor, not last: an unknown task (a first call of a new function, a hang) that starts
-        last holds the batch for its whole duration (lock held)."""
+        """Queue ``task``; one with no prediction is placed as the longest task this executor
+        has predicted (ties keep submission order), not last and not as an average one: an
+        unknown task (a first call of a new function, a hang) may be long, and a long task that
+        starts late holds the batch for its whole duration, while a short one started early
+        costs nothing (lock held). Measured on the fault batch of benchmarks/s8_starts.py."""
         if task.predicted_s > 0:
-            self.predicted_sum += task.predicted_s
-            self.predicted_n += 1
-        elif self.predicted_n:
-            task.predicted_s = self.predicted_sum / self.predicted_n
+            self.predicted_max = max(self.predicted_max, task.predicted_s)
+        else:
+            task.predicted_s = self.predicted_max
         return self.enqueue(task)
 
     def device_key(self, device: str | None) -> bytes:
@@ -462,8 +480,7 @@ class Core:
         actions: list[Action] = []
         for queue in self.queues.values():
             for _, task in queue:
-                if task.future_running or task.future.set_running_or_notify_cancel():
-                    task.future_running = True
+                if self.claim(task):
                     actions += self._close(task, _start_error(error))
                 else:
                     task.close()
@@ -585,7 +602,7 @@ class Core:
                     else:
                         keep.append(entry)
                 elif task.future.cancel():
-                    task.future.set_running_or_notify_cancel()  # so wait()/as_completed see it
+                    self.claim(task)  # notified (its done-callback may have done it already)
                     task.close()
                     self.cancelled += 1
             heapq.heapify(keep)

@@ -22,8 +22,9 @@ Every task carries a :class:`CostKey`:
    (``calibration``: the weighted mean ratio, so a prior fitted on one machine orders tasks
    correctly on another and compares with history of other keys);
 3. the weighted mean duration of the function (every call of it looks alike);
-4. the mean over every known function (a new function is neither first nor last);
-5. ``0.0``: nothing known — tasks keep submission order.
+4. ``0.0``: nothing known. The executor places such a task as the longest it has predicted (a
+   task of unknown cost may be long, and a long task started late holds the whole batch);
+   among themselves such tasks keep submission order.
 
 Observations are the in-worker durations (the worker's ``Started`` to its ``Done``), divided
 by the calls in a chunk. The model keeps at most :data:`MAX_KEYS` (function, features) entries,
@@ -260,8 +261,6 @@ class CostModel:
             mean = self._functions.get(key.function)
             if mean is not None:
                 return mean.value
-            if self._functions:
-                return sum(m.value for m in self._functions.values()) / len(self._functions)
             return 0.0
 
     def observe(self, key: CostKey, seconds: float) -> None:

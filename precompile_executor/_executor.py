@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -347,6 +348,8 @@ class PrecompileExecutor(Executor):
             costs=costs,
             predicted_s=costs.estimate(cost) * len(calls),
         )
+        # A weak reference: the future must not keep its task (and the task its future) alive.
+        future.add_done_callback(functools.partial(_on_done, core, weakref.ref(task)))
         with core.lock:
             self._check_open()
             self._tasks.add(task)
@@ -665,6 +668,17 @@ def _abandon(core: Core) -> None:
         core.held = 0
         actions = core.pump()
     core.hub.run(actions)
+
+
+def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
+    """A future's done-callback (any thread): if the user cancelled it while queued, the core
+    notifies its waiters at once."""
+    if not future.cancelled():
+        return
+    task = task_ref()
+    if task is not None:
+        with core.lock:
+            core.cancelled_by_user(task)
 
 
 def _result_or_cancel(future: Future[Any], end: float | None) -> Any:

@@ -97,6 +97,7 @@ class Task:
     id: int = dataclasses.field(default_factory=lambda: next(_task_ids))
     state: TaskState = TaskState.QUEUED
     future_running: bool = False  # set_running_or_notify_cancel() done (the task was dispatched)
+    cancel_notified: bool = False  # cancelled by the user, and its waiters notified (Core.claim)
     requeues: int = 0
     worker: WorkerHandle | None = None
     sent_at: float | None = None

@@ -140,3 +140,17 @@ def test_timeline_has_one_record_per_task_with_monotone_steps() -> None:
         assert steps == sorted(steps), r  # type: ignore[type-var]
         assert r.ok and r.worker_pid > 0 and r.run_s is not None and r.run_s >= 0
     assert {r.path for r in records} == {"spawn", "fork"}
+
+
+def test_a_task_of_unknown_cost_starts_with_the_longest_known() -> None:
+    """No hint, no estimator, no history: it could be long (a first call, a hang), and a long task
+    started late holds the batch for its whole duration, so it is placed as the longest known
+    task, not as an average one (ties keep submission order)."""
+    with PrecompileExecutor(1) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        with executor.batch():
+            futures = [executor.options(cost=c).submit(str, c) for c in (0.5, 2.0, 1.0, 0.2)]
+            futures.append(executor.submit(str, "unknown"))
+        for f in futures:
+            f.result(timeout=WAIT_S)
+        assert _labels_in_start_order(executor, futures) == ["2.0", "unknown", "1.0", "0.5", "0.2"]
