@@ -25,6 +25,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from gpu_helpers import import_torch_tagged, tag
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
@@ -249,11 +250,6 @@ def _gpu_pids() -> set[int] | None:
     return {int(line) for line in out.split() if line.strip().isdigit()}
 
 
-def _tag(name: str) -> None:
-    """An initializer that only gives executors distinct worker pools."""
-    os.environ["PRECOMPILE_TEST_POOL"] = name
-
-
 # -- shared arguments (CPU) ---------------------------------------------------------------------
 
 
@@ -261,7 +257,7 @@ def _tag(name: str) -> None:
 def test_shared_args_load_once_per_worker_and_are_reused() -> None:
     x = torch.arange(1000, dtype=torch.float32)
     with (
-        PrecompileExecutor(2, initializer=_tag, initargs=("shared",)) as pool,
+        PrecompileExecutor(2, initializer=tag, initargs=("shared",)) as pool,
         share_args((x, torch.zeros(1000), 3.0)) as shared,
     ):
         pool.warm_up(timeout=RESULT_TIMEOUT_S)
@@ -282,7 +278,7 @@ def test_shared_args_load_once_per_worker_and_are_reused() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_released_batch_is_dropped_by_the_worker_on_its_next_load() -> None:
-    with PrecompileExecutor(1, initializer=_tag, initargs=("release",)) as pool:
+    with PrecompileExecutor(1, initializer=tag, initargs=("release",)) as pool:
         with share_args((torch.ones(10), torch.zeros(10), 1.0)) as first:
             report = pool.submit(run_once(_axpy, first)).result(timeout=RESULT_TIMEOUT_S)
             assert report.args_loaded
@@ -298,7 +294,7 @@ def test_a_released_batch_is_dropped_by_the_worker_on_its_next_load() -> None:
 def test_a_task_after_release_fails_with_a_clear_error() -> None:
     shared = share_args((torch.ones(4), torch.zeros(4), 1.0))
     shared.release()
-    with PrecompileExecutor(1, initializer=_tag, initargs=("gone",)) as pool:
+    with PrecompileExecutor(1, initializer=tag, initargs=("gone",)) as pool:
         error = pool.submit(run_once(_axpy, shared)).exception(timeout=RESULT_TIMEOUT_S)
     assert isinstance(error, FileNotFoundError) and isinstance(error, RemoteError)
     assert "released before worker pid" in str(error)
@@ -319,7 +315,7 @@ def test_the_handle_is_small_and_only_its_owner_deletes_the_file(tmp_path: Path)
 
 @pytest.mark.timeout(120)
 def test_arguments_sent_with_each_task_load_every_time() -> None:
-    with PrecompileExecutor(1, initializer=_tag, initargs=("pickled",)) as pool:
+    with PrecompileExecutor(1, initializer=tag, initargs=("pickled",)) as pool:
         args = (torch.ones(8), torch.zeros(8), 5.0)
         reports = [
             pool.submit(run_once(_axpy, args, check=_sum_of_out)).result(timeout=RESULT_TIMEOUT_S)
@@ -384,7 +380,7 @@ def _non_sticky_cuda_error() -> None:
 @pytest.mark.timeout(120)
 def test_a_non_sticky_cuda_error_keeps_its_worker() -> None:
     """The hint text is torch 2.11's, as printed on the H200 machine (docs/gpu-runs.md)."""
-    with PrecompileExecutor(1, initializer=_tag, initargs=("non-sticky",)) as pool:
+    with PrecompileExecutor(1, initializer=tag, initargs=("non-sticky",)) as pool:
         error = pool.submit(_non_sticky_cuda_error).exception(timeout=RESULT_TIMEOUT_S)
         assert isinstance(error, RuntimeError)
         pool.warm_up(timeout=RESULT_TIMEOUT_S)
@@ -428,8 +424,8 @@ def test_run_once_launches_a_triton_kernel_with_a_correct_result() -> None:
 @pytest.mark.timeout(240)
 def test_workers_that_run_no_gpu_task_never_initialise_cuda() -> None:
     with (
-        PrecompileExecutor(2, initializer=_tag, initargs=("cpu-only",)) as cpu_pool,
-        PrecompileExecutor(1, initializer=_tag, initargs=("gpu",)) as gpu_pool,
+        PrecompileExecutor(2, initializer=tag, initargs=("cpu-only",)) as cpu_pool,
+        PrecompileExecutor(1, initializer=tag, initargs=("gpu",)) as gpu_pool,
     ):
         gpu_pid = gpu_pool.submit(_touch_gpu).result(timeout=RESULT_TIMEOUT_S)
         states = [
@@ -446,12 +442,6 @@ def test_workers_that_run_no_gpu_task_never_initialise_cuda() -> None:
         assert not cpu_pids & listed
 
 
-def _import_torch_tagged(name: str) -> None:
-    import torch as worker_torch  # noqa: F401
-
-    _tag(name)
-
-
 def _cuda_initialized_and_pid() -> tuple[bool, int, str | None]:
     import torch as worker_torch
 
@@ -465,9 +455,9 @@ def test_pinned_workers_create_their_cuda_context_as_they_start() -> None:
     first task); an unpinned one never touches CUDA; a template still forks (one import)."""
     with (
         PrecompileExecutor(
-            2, devices=[0], initializer=_import_torch_tagged, initargs=("pinned",)
+            2, devices=[0], initializer=import_torch_tagged, initargs=("pinned",)
         ) as pinned,
-        PrecompileExecutor(2, initializer=_import_torch_tagged, initargs=("unpinned",)) as plain,
+        PrecompileExecutor(2, initializer=import_torch_tagged, initargs=("unpinned",)) as plain,
     ):
         pinned.warm_up(timeout=RESULT_TIMEOUT_S)
         plain.warm_up(timeout=RESULT_TIMEOUT_S)
