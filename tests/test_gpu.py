@@ -263,6 +263,9 @@ def test_shared_args_load_once_per_worker_and_are_reused() -> None:
         pool.warm_up(timeout=RESULT_TIMEOUT_S)
         futures = [pool.submit(run_once(_axpy, shared, check=_sum_of_out)) for _ in range(12)]
         reports: list[RunReport] = [f.result(timeout=RESULT_TIMEOUT_S) for f in futures]
+        # The GPU tests must exercise warm templates, not a silent fallback to interpreters
+        # (an initializer whose module probes CUDA at import would cause one on a GPU machine).
+        assert pool.statistics().start == "template"
     expected = float(x.sum()) * 3.0
     loads = collections.Counter(r.worker_pid for r in reports if r.args_loaded)
     assert all(r.checked[0] == expected for r in reports)
