@@ -46,7 +46,9 @@ def names():
         with open(f"/proc/self/task/{t}/comm") as f:
             out.append(f.read().strip())
     return out
-template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized()}
+maps = open("/proc/self/maps").read()
+template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized(),
+            "loaded": [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps]}
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:

@@ -39,7 +39,7 @@ def fork_safety() -> str | None:
         return (
             f"the initializer left {threads} threads running ({', '.join(_thread_names())}; a "
             "fork copies only the calling thread, and locks the others hold would stay locked "
-            "in the child)"
+            f"in the child){_gpu_libraries()}"
         )
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
@@ -57,6 +57,19 @@ def _thread_names() -> list[str]:
             with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
                 names.append(f.read().strip())
     return names or ["names unknown"]
+
+
+def _gpu_libraries() -> str:
+    """Which GPU driver libraries this process has loaded, for a refusal's message: a thread
+    named ``cuda…`` comes from the CUDA driver (``libcuda``) or from NVML (``libnvidia-ml``,
+    what ``torch.cuda.is_available()`` uses with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``)."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return ""
+    loaded = [name for name in ("libcuda.so", "libnvidia-ml.so") if name in maps]
+    return f"; loaded: {', '.join(loaded)}" if loaded else ""
 
 
 def serve_template(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:
