@@ -57,6 +57,7 @@ from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
 from ._validate import (
+    check_cost,
     check_flag,
     check_priority,
     check_timeout,
@@ -468,12 +469,7 @@ class PrecompileExecutor(Executor):
         if with_output is not ...:
             opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
         if cost is not ...:
-            if cost is not None:
-                if isinstance(cost, bool) or not isinstance(cost, (int, float)):
-                    raise TypeError(f"cost must be a number of seconds or None, got {cost!r}")
-                if not cost >= 0:
-                    raise ValueError(f"cost must be >= 0 seconds, got {cost!r}")
-            opts = dataclasses.replace(opts, cost=None if cost is None else float(cost))
+            opts = dataclasses.replace(opts, cost=check_cost(cost))
         view = PrecompileExecutor.__new__(PrecompileExecutor)
         view._core = self._core
         view._costs = self._costs

@@ -26,6 +26,17 @@ def check_priority(value: object) -> float:
     return float(value)
 
 
+def check_cost(value: object) -> float | None:
+    """A cost hint: seconds >= 0, or ``None`` for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"cost must be a number of seconds or None, got {value!r}")
+    if not value >= 0:
+        raise ValueError(f"cost must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
 def check_flag(value: object, name: str) -> bool:
     """A ``bool`` setting (``with_output``, ``ignore_errors``)."""
     if not isinstance(value, bool):

@@ -459,3 +459,20 @@ def test_an_initializer_importing_pyarrow_still_gets_a_template() -> None:
         executor.warm_up(timeout=120)
         assert executor.submit(crashers.square, 4).result(timeout=30) == 16
         assert executor.statistics().start == "template"
+
+
+def test_an_options_cost_hint_orders_a_held_batch_longest_first(make: Make) -> None:
+    """``options(cost=)`` is accepted by every backend: in a batch, the longest hint starts
+    first (after ``priority``), so code written for one executor runs on the other."""
+    order: list[int] = []
+    with make(1) as executor:
+        executor.warm_up(timeout=30)
+        with executor.batch():
+            futures = [executor.options(cost=c).submit(crashers.square, c) for c in (1, 3, 2)]
+        for f in cf.as_completed(futures, timeout=30):
+            order.append(f.result())
+        with pytest.raises(ValueError, match="cost"):
+            executor.options(cost=-1)
+        with pytest.raises(TypeError, match="cost"):
+            executor.options(cost="long")
+    assert order == [9, 4, 1]

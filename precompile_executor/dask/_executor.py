@@ -55,7 +55,13 @@ from precompile_executor import (
     WorkerStartError,
 )
 
-from .._validate import check_flag, check_priority, check_timeout, describe_unpicklable
+from .._validate import (
+    check_cost,
+    check_flag,
+    check_priority,
+    check_timeout,
+    describe_unpicklable,
+)
 from . import _node
 from ._plan import departed, free_slots, pick_node
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -137,6 +143,7 @@ class _Options:
     timeout: float | None
     priority: float
     with_output: bool
+    cost: float | None = None  # a hint: longer starts first among equal priorities
 
 
 @dataclasses.dataclass(eq=False)
@@ -151,8 +158,9 @@ class _Task:
     token: str = ""
     dask_future: Any = None
 
-    def sort_key(self) -> tuple[float, int]:
-        return (-self.opts.priority, self.id)
+    def sort_key(self) -> tuple[float, float, int]:
+        """Higher priority first, then the longest cost hint, then the oldest."""
+        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
 
 
 @dataclasses.dataclass(eq=False)
@@ -177,7 +185,7 @@ class _State:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.poked = False
-        self.queue: list[tuple[tuple[float, int], _Task]] = []
+        self.queue: list[tuple[tuple[float, float, int], _Task]] = []
         self.in_flight: dict[str, _Task] = {}
         self.nodes: dict[str, _Node] = {}
         self.kills: list[_Task] = []
@@ -630,6 +638,7 @@ class DaskPrecompileExecutor(Executor):
         priority: float | object = ...,
         with_output: bool | object = ...,
         path: str | object = ...,
+        cost: float | None | object = ...,
     ) -> DaskPrecompileExecutor:
         """Return a view with other per-task settings; it shares the queue and the nodes.
 
@@ -638,6 +647,8 @@ class DaskPrecompileExecutor(Executor):
             priority: higher starts first among queued tasks; ties keep submission order.
             with_output: results come back as :class:`~precompile_executor.TaskResult`.
             path: only ``"spawn"``: a node cannot fork the caller's memory.
+            cost: a hint, the seconds a call is expected to take: among equal priorities the
+                longest starts first (this executor keeps no history; ``None``: no hint).
         """
         opts = self._options
         if timeout is not ...:
@@ -646,6 +657,8 @@ class DaskPrecompileExecutor(Executor):
             opts = dataclasses.replace(opts, priority=check_priority(priority))
         if with_output is not ...:
             opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
+        if cost is not ...:
+            opts = dataclasses.replace(opts, cost=check_cost(cost))
         if path is not ... and path != "spawn":
             raise ValueError(
                 "path must be 'spawn' on a dask cluster (a node cannot fork the caller), "
