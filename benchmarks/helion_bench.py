@@ -160,6 +160,7 @@ def run_scenario(mode: str, search: str, quick: bool) -> dict[str, Any]:
                 ex.warm_up(timeout=300)
                 out["warm_up_s"] = time.perf_counter() - t0
                 out["start"] = ex.statistics().start
+                out["start_note"] = ex.statistics().start_note
             stack.enter_context(use(ex))
         waits: list[float] = []
         failures: list[int] = []

@@ -329,6 +329,12 @@ class Core:
         starts: list[Action] = [self._new_worker() for _ in range(n)]
         return starts + self.spares_needed() if starts else starts
 
+    def start_note(self) -> str | None:
+        """Why this executor's workers fell back from a template to interpreters (lock held)."""
+        if self.start != "template":
+            return None
+        return self.hub.template_refused(self.key)
+
     def effective_start(self) -> str:
         """How this executor's workers start now (lock held)."""
         if self.start == "template" and self.hub.template_refused(self.key) is None:

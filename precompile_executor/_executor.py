@@ -104,6 +104,8 @@ class ExecutorStatistics:
         fork_tasks: tasks started on the fork path.
         start: how this executor's spawn workers start: ``"template"`` or ``"interpreter"``
             (``"interpreter"`` also when the template was found unsafe to fork).
+        start_note: why workers asked to start from a template start as interpreters (the
+            template's refusal: e.g. the threads the initializer left running), else ``None``.
     """
 
     queued: int
@@ -118,6 +120,7 @@ class ExecutorStatistics:
     spawn_tasks: int
     fork_tasks: int
     start: str = "template"
+    start_note: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,6 +547,7 @@ class PrecompileExecutor(Executor):
                 spawn_tasks=core.spawn_tasks,
                 fork_tasks=core.fork_tasks,
                 start=core.effective_start(),
+                start_note=core.start_note(),
             )
 
     def timeline(self) -> tuple[TaskTimeline, ...]:

@@ -441,7 +441,9 @@ def test_an_initializer_that_leaves_a_thread_gets_interpreters_and_says_why(
         with PrecompileExecutor(2, initializer=_start_a_thread) as executor:
             executor.warm_up(timeout=120)
             assert executor.submit(crashers.square, 3).result(timeout=30) == 9
-            assert executor.statistics().start == "interpreter"
+            stats = executor.statistics()
+            assert stats.start == "interpreter"
+            assert stats.start_note is not None and "threads running" in stats.start_note
     said = [r.getMessage() for r in caplog.records if "warm template" in r.getMessage()]
     assert len(said) == 1, said  # once, with the reason and the threads' kernel names
     assert "the initializer left 2 threads running (" in said[0]
@@ -459,6 +461,7 @@ def test_an_initializer_importing_pyarrow_still_gets_a_template() -> None:
         executor.warm_up(timeout=120)
         assert executor.submit(crashers.square, 4).result(timeout=30) == 16
         assert executor.statistics().start == "template"
+        assert executor.statistics().start_note is None
 
 
 def test_an_options_cost_hint_orders_a_held_batch_longest_first(make: Make) -> None:
