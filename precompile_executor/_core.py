@@ -337,7 +337,7 @@ class Core:
 
     def effective_start(self) -> str:
         """How this executor's workers start now (lock held)."""
-        if self.start == "template" and self.hub.template_refused(self.key) is None:
+        if self.start == "template" and self.start_note() is None:
             return "template"
         return "interpreter"
 

@@ -95,18 +95,17 @@ a BLAS/OpenMP thread pool of its own (loky's executors limit them likewise), and
 numpy or torch then leaves a template single-threaded, so it can fork."""
 
 FORK_FRIENDLY_ENV = {
-    # torch.cuda.is_available() asks NVML instead of initializing the CUDA driver (which
-    # starts a driver thread and leaves a process that cannot fork); torch._inductor's import
-    # calls it, and so does `import helion`.
+    # torch.cuda.is_available() (which `import torch._inductor`, and so `import helion`, calls)
+    # asks NVML instead of initializing the CUDA driver: PyTorch's documented way to keep a
+    # process forkable. Measured on the H200 image it still leaves an NVML thread, so such a
+    # template still refuses; whether a fork is safe then is the next GPU session's question.
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     # pyarrow (imported by pandas, which some compile stacks import) starts a jemalloc
-    # background thread on import unless told not to.
+    # background thread on import unless told not to: this removes that thread (measured).
     "JE_ARROW_MALLOC_CONF": "background_thread:false",
 }
-"""Set in every worker and template (unless the caller set them): without them a common
-initializer (``import torch._inductor``, ``import helion``) leaves native threads running on a
-GPU machine, and the template cannot fork (measured on the H200 image: a CUDA driver thread and
-a jemalloc thread)."""
+"""Set in every worker and template (unless the caller set them), so that common imports leave
+fewer native threads in a template that must fork (docs/gpu-runs.md, 2026-12-01)."""
 
 TEMPLATE_FAILURES_BEFORE_FALLBACK = 2
 """A template that dies this many times without serving a fork is given up for its kind:
