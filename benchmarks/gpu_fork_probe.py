@@ -12,7 +12,10 @@ Each case runs in a fresh interpreter (``subprocess``), so nothing of one leaks 
   thread is left; can the child still do all of the above?
 * ``runtime``: the same call without the NVML check (``cudaGetDeviceCount``: the driver is
   initialized in the template);
-* ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim).
+* ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim);
+* ``nvml-released`` / ``helion-released``: the same, then the template ran
+  ``precompile_executor._template.release_nvml()`` (shuts NVML down so its thread ends), as a
+  real template does after its initializer.
 
 For each: the template's threads by kernel name, whether torch says CUDA is initialized there, and
 in the child: ok or the exception. This decides whether ``fork_safety()`` may accept the NVML
@@ -25,21 +28,28 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
-CASES = ("torch", "nvml", "runtime", "helion")
+CASES = ("torch", "nvml", "nvml-released", "runtime", "helion", "helion-released")
 
 _CHILD = r"""
 import json, os, sys
 case = sys.argv[1]
-if case == "nvml":
+if case.startswith("nvml"):
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 import torch
-if case in ("nvml", "runtime"):
+if case.startswith("nvml") or case == "runtime":
     torch.cuda.is_available()
-if case == "helion":
+if case.startswith("helion"):
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     from benchmarks.helion_bench import worker_init
     worker_init()
+threads_before = None
+released = None
+if case.endswith("-released"):
+    from precompile_executor._template import release_nvml
+    threads_before = sorted(os.listdir("/proc/self/task"))
+    released = release_nvml()
 def names():
     out = []
     for t in sorted(os.listdir("/proc/self/task")):
@@ -48,7 +58,8 @@ def names():
     return out
 maps = open("/proc/self/maps").read()
 template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized(),
-            "loaded": [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps]}
+            "loaded": [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps],
+            "released": released, "threads_before_release": threads_before and len(threads_before)}
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -63,10 +74,13 @@ if pid == 0:
         def double(p, n, BLOCK: tl.constexpr):
             o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             tl.store(p + o, tl.load(p + o, mask=o < n) * 2, mask=o < n)
+        import time
+        t0 = time.perf_counter()
         double[(1,)](x, 1024, BLOCK=1024)
         torch.cuda.synchronize()
         result = {"ok": bool((x.cpu() == torch.arange(1024) * 2).all()),
-                  "device_count": torch.cuda.device_count()}
+                  "device_count": torch.cuda.device_count(),
+                  "kernel_s": round(time.perf_counter() - t0, 3)}
     except BaseException as exc:
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     os.write(w, json.dumps(result).encode())
@@ -83,13 +97,18 @@ print(json.dumps({"case": case, "template": template, "child": json.loads(data o
 def main() -> int:
     """Run every case; print its line and a verdict for the NVML case."""
     results = {}
+    # A file, not ``-c``: @triton.jit reads its function's source, which ``-c`` code has none of.
+    with tempfile.NamedTemporaryFile("w", suffix="_fork_probe.py", delete=False) as f:
+        f.write(_CHILD)
     for case in CASES:
         env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", _CHILD, case],
+                [sys.executable, f.name, case],
                 capture_output=True,
                 text=True,
                 timeout=180,
@@ -100,12 +119,15 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             results[case] = {"error": "timed out after 180 s (a hang in the child?)"}
         print(json.dumps(results[case]), flush=True)
-    nvml = results.get("nvml", {}).get("child", {})
-    print(
-        "VERDICT: a child forked after an NVML-only probe",
-        "can" if nvml.get("ok") else "can NOT",
-        "use CUDA",
-    )
+    os.unlink(f.name)
+    for case in ("nvml", "nvml-released", "helion-released"):
+        child = results.get(case, {}).get("child", {})
+        threads = results.get(case, {}).get("template", {}).get("threads")
+        print(
+            f"VERDICT {case}: template threads {threads}; its forked child",
+            "can" if child.get("ok") else "can NOT",
+            "use CUDA",
+        )
     return 0
 
 

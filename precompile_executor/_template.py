@@ -17,9 +17,11 @@ Nothing here imports the parent-side executor.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
+import time
 from multiprocessing.connection import Connection, wait
 
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
@@ -46,6 +48,56 @@ def fork_safety() -> str | None:
     if cuda is not None and cuda.is_initialized():
         return "the initializer initialized CUDA (a CUDA context does not survive a fork)"
     return None
+
+
+NVML_RELEASE_WAIT_S = 2.0
+"""How long a template waits for NVML's threads to end after shutting it down."""
+
+
+def release_nvml() -> bool:
+    """Shut down NVML if the initializer left it initialized and CUDA itself is not: its thread
+    would make the template refuse to fork. Returns whether NVML was shut down here.
+
+    ``torch.cuda.is_available()`` with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` — which
+    ``import torch._inductor`` (and so ``import helion``) calls at import — initializes NVML and
+    never shuts it down; NVML keeps a thread. Nothing in the template uses NVML afterwards, and a
+    worker forked from it starts with no NVML state in use (torch counts devices again, in the
+    worker, with its own ``CUDA_VISIBLE_DEVICES``). A template whose CUDA driver was initialized
+    (``libcuda`` loaded, e.g. ``is_available()`` without the NVML check) is left as it is: that
+    cannot be undone, and :func:`fork_safety` refuses it.
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return False
+    if "libnvidia-ml.so" not in maps:
+        return False
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and cuda.is_initialized():
+        return False
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")  # already loaded: the same library
+    except OSError:
+        return False
+    shut = False
+    for _ in range(16):  # NVML counts its initializations: one shutdown each, until it says so
+        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED: nothing more to shut down
+            break
+        shut = True
+    if shut:
+        deadline = time.monotonic() + NVML_RELEASE_WAIT_S
+        while _thread_count() > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # its threads end asynchronously
+    return shut
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
 
 
 def _thread_names() -> list[str]:
@@ -79,6 +131,7 @@ def serve_template(address: str, token: str, capture_path: str, init_blob: bytes
     if not ok:
         conn.close()
         return
+    release_nvml()  # before the first fork request is read: a fork then sees one thread
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

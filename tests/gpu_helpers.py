@@ -22,3 +22,13 @@ def import_torch_tagged(name: str) -> None:
     import torch  # noqa: F401
 
     tag(name)
+
+
+def import_torch_asking_for_cuda(name: str) -> None:
+    """``import torch`` and ``torch.cuda.is_available()``, as ``import torch._inductor`` (and so
+    ``import helion``) does at import: with the NVML check on, NVML is left initialized, with a
+    thread — which the template must be rid of before it forks."""
+    import torch
+
+    torch.cuda.is_available()
+    tag(name)

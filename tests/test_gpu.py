@@ -25,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from gpu_helpers import import_torch_tagged, tag
+from gpu_helpers import import_torch_asking_for_cuda, import_torch_tagged, tag
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
@@ -473,6 +473,39 @@ def test_pinned_workers_create_their_cuda_context_as_they_start() -> None:
     assert all(initialized for initialized, _, _ in states), states
     assert {visible for _, _, visible in states} == {"0"}, states
     assert unpinned[0] is False, unpinned
+
+
+def _add_on_gpu_in_worker(n: int) -> tuple[float, int, bool]:
+    """A Triton kernel launched in this worker: its error, pid, whether CUDA was initialized."""
+    import torch as worker_torch
+
+    was_initialized = worker_torch.cuda.is_initialized()
+    x = worker_torch.arange(n, device="cuda", dtype=worker_torch.float32)
+    out = worker_torch.empty_like(x)
+    add_kernel[(triton.cdiv(n, 256),)](x, x, out, n, BLOCK=256)
+    return float((out - 2 * x).abs().max()), os.getpid(), was_initialized
+
+
+@needs_gpus(1)
+@pytest.mark.timeout(240)
+def test_an_initializer_that_asks_if_cuda_is_available_still_gets_a_template() -> None:
+    """``torch.cuda.is_available()`` in the initializer (what ``import helion`` does) leaves
+    NVML initialized, with a thread: the template shuts NVML down, forks, and its pinned workers
+    open their contexts and launch kernels (the 49 s Helion warm-up of issue 13)."""
+    with PrecompileExecutor(
+        2, devices=[0], initializer=import_torch_asking_for_cuda, initargs=("nvml",)
+    ) as executor:
+        executor.warm_up(timeout=RESULT_TIMEOUT_S)
+        stats = executor.statistics()
+        results = [
+            executor.submit(_add_on_gpu_in_worker, n).result(timeout=RESULT_TIMEOUT_S)
+            for n in (1000, 5000, 1000, 5000)
+        ]
+    print(f"start={stats.start} note={stats.start_note!r} results={results}")
+    assert stats.start == "template", stats.start_note
+    assert all(error == 0.0 for error, _, _ in results), results
+    assert all(initialized for _, _, initialized in results), results  # opened before hello
+    assert os.getpid() not in {pid for _, pid, _ in results}, results
 
 
 STICKY_KERNELS: dict[str, tuple[Any, Callable[[], tuple[Any, ...]], dict[str, Any]]] = {
