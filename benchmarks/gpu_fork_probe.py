@@ -12,14 +12,14 @@ Each case runs in a fresh interpreter (``subprocess``), so nothing of one leaks 
   thread is left; can the child still do all of the above?
 * ``runtime``: the same call without the NVML check (``cudaGetDeviceCount``: the driver is
   initialized in the template);
-* ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim);
-* ``nvml-released`` / ``helion-released``: the same, then the template ran
-  ``precompile_executor._template.release_nvml()`` (shuts NVML down so its thread ends), as a
-  real template does after its initializer.
+* ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim).
 
 For each: the template's threads by kernel name, whether torch says CUDA is initialized there, and
-in the child: ok or the exception. This decides whether ``fork_safety()`` may accept the NVML
-thread (issue 13: a template that imported helion refuses to fork today).
+in the child: ok or the exception; and what ``precompile_executor._template.fork_safety()`` says
+in the template (``None``: it forks). Session 4 (docs/gpu-runs.md): the children of ``torch``,
+``nvml`` and ``helion`` use CUDA, the ``runtime`` one cannot ("Cannot re-initialize CUDA in
+forked subprocess"); ``fork_safety()`` accepts exactly the first three. (Shutting NVML down
+after the count, tried then, does not end the driver's thread.)
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-CASES = ("torch", "nvml", "nvml-released", "runtime", "helion", "helion-released")
+CASES = ("torch", "nvml", "runtime", "helion")
 
 _CHILD = r"""
 import json, os, sys
@@ -44,12 +44,8 @@ if case.startswith("helion"):
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     from benchmarks.helion_bench import worker_init
     worker_init()
-threads_before = None
-released = None
-if case.endswith("-released"):
-    from precompile_executor._template import release_nvml
-    threads_before = sorted(os.listdir("/proc/self/task"))
-    released = release_nvml()
+from precompile_executor._template import fork_safety
+verdict = fork_safety()
 def names():
     out = []
     for t in sorted(os.listdir("/proc/self/task")):
@@ -59,7 +55,7 @@ def names():
 maps = open("/proc/self/maps").read()
 template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized(),
             "loaded": [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps],
-            "released": released, "threads_before_release": threads_before and len(threads_before)}
+            "fork_safety": verdict}
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -120,13 +116,15 @@ def main() -> int:
             results[case] = {"error": "timed out after 180 s (a hang in the child?)"}
         print(json.dumps(results[case]), flush=True)
     os.unlink(f.name)
-    for case in ("nvml", "nvml-released", "helion-released"):
+    for case in CASES:
         child = results.get(case, {}).get("child", {})
-        threads = results.get(case, {}).get("template", {}).get("threads")
+        template = results.get(case, {}).get("template", {})
+        can = bool(child.get("ok"))
+        forks = "fork_safety" in template and template["fork_safety"] is None
         print(
-            f"VERDICT {case}: template threads {threads}; its forked child",
-            "can" if child.get("ok") else "can NOT",
-            "use CUDA",
+            f"VERDICT {case}: its forked child {'can' if can else 'can NOT'} use CUDA;",
+            f"fork_safety() {'accepts' if forks else 'refuses'}:",
+            "right" if can == forks else "WRONG",
         )
     return 0
 

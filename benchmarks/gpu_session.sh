@@ -70,5 +70,5 @@ case "${1:-tests}" in
     timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
-      --timeout 150 ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+      --timeout "${HELION_SCENARIO_TIMEOUT:-150}" ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
 esac

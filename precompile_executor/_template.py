@@ -17,29 +17,39 @@ Nothing here imports the parent-side executor.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
-import time
 from multiprocessing.connection import Connection, wait
 
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
 from ._worker import become_group_leader, connect_and_initialize, serve
 
+DRIVER_THREAD_PREFIX = "cuda"
+"""The kernel name of the thread the CUDA driver leaves when something only asks it (or NVML)
+how many devices there are — e.g. ``cuda00001800007`` after ``torch.cuda.is_available()``,
+which ``import torch._inductor`` and so ``import helion`` call at import."""
+
 
 def fork_safety() -> str | None:
-    """Why forking this process now would be unsafe, or ``None`` when it is safe."""
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:
-        threads = 1  # no /proc: trust the interpreter's own count below
+    """Why forking this process now would be unsafe, or ``None`` when it is safe.
+
+    Safe: no thread but this one, or besides it only the CUDA driver's idle threads of a device
+    count that initialized no CUDA context and left torch able to use CUDA in a child (measured
+    on the H200: a worker forked after ``torch.cuda.is_available()`` with the NVML check, or
+    after ``import helion``, opens its context and runs kernels; ``docs/gpu-runs.md``, session 4).
+    A fork copies only the calling thread, and glibc's ``fork`` holds malloc's locks across it,
+    so such a thread leaves nothing locked that the child uses; any other thread might.
+    """
     import threading
 
-    threads = max(threads, threading.active_count())
-    if threads > 1:
+    python_threads = threading.active_count()
+    others = _other_threads()
+    foreign = [name for name in others if not name.startswith(DRIVER_THREAD_PREFIX)]
+    if python_threads > 1 or foreign:
+        count = max(python_threads, len(others) + 1)
         return (
-            f"the initializer left {threads} threads running ({', '.join(_thread_names())}; a "
+            f"the initializer left {count} threads running ({', '.join(_thread_names())}; a "
             "fork copies only the calling thread, and locks the others hold would stay locked "
             f"in the child){_gpu_libraries()}"
         )
@@ -47,57 +57,51 @@ def fork_safety() -> str | None:
     cuda = getattr(torch, "cuda", None) if torch is not None else None
     if cuda is not None and cuda.is_initialized():
         return "the initializer initialized CUDA (a CUDA context does not survive a fork)"
+    if others and _torch_refuses_cuda_after_fork():
+        return (
+            "the initializer initialized the CUDA runtime (e.g. torch.cuda.is_available() "
+            "without PYTORCH_NVML_BASED_CUDA_CHECK=1, or torch.cuda.device_count()): torch "
+            f"refuses CUDA in a process forked after that ({', '.join(_thread_names())})"
+        )
     return None
 
 
-NVML_RELEASE_WAIT_S = 2.0
-"""How long a template waits for NVML's threads to end after shutting it down."""
+_REFUSES_AFTER_FORK: bool | None = None
 
 
-def release_nvml() -> bool:
-    """Shut down NVML if the initializer left it initialized and CUDA itself is not: its thread
-    would make the template refuse to fork. Returns whether NVML was shut down here.
-
-    ``torch.cuda.is_available()`` with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` — which
-    ``import torch._inductor`` (and so ``import helion``) calls at import — initializes NVML and
-    never shuts it down; NVML keeps a thread. Nothing in the template uses NVML afterwards, and a
-    worker forked from it starts with no NVML state in use (torch counts devices again, in the
-    worker, with its own ``CUDA_VISIBLE_DEVICES``). A template whose CUDA driver was initialized
-    (``libcuda`` loaded, e.g. ``is_available()`` without the NVML check) is left as it is: that
-    cannot be undone, and :func:`fork_safety` refuses it.
-    """
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    except OSError:
-        return False
-    if "libnvidia-ml.so" not in maps:
-        return False
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None) if torch is not None else None
-    if cuda is not None and cuda.is_initialized():
-        return False
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")  # already loaded: the same library
-    except OSError:
-        return False
-    shut = False
-    for _ in range(16):  # NVML counts its initializations: one shutdown each, until it says so
-        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED: nothing more to shut down
-            break
-        shut = True
-    if shut:
-        deadline = time.monotonic() + NVML_RELEASE_WAIT_S
-        while _thread_count() > 1 and time.monotonic() < deadline:
-            time.sleep(0.01)  # its threads end asynchronously
-    return shut
+def _torch_refuses_cuda_after_fork() -> bool:
+    """Whether torch would mark a child forked now as unable to use CUDA ("Cannot re-initialize
+    CUDA in forked subprocess"): it does once its CUDA runtime counted devices. Known only in a
+    child, so one throwaway child is forked to ask, once per template (nothing in a template
+    runs after its initializer, so the answer cannot change)."""
+    global _REFUSES_AFTER_FORK
+    if _REFUSES_AFTER_FORK is None:
+        torch = sys.modules.get("torch")
+        in_bad_fork = getattr(getattr(torch, "_C", None), "_cuda_isInBadFork", None)
+        if in_bad_fork is None:
+            _REFUSES_AFTER_FORK = False  # no torch, or torch without CUDA: nothing to refuse
+        else:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(3 if in_bad_fork() else 0)
+            _, status = os.waitpid(pid, 0)
+            _REFUSES_AFTER_FORK = os.waitstatus_to_exitcode(status) != 0
+    return _REFUSES_AFTER_FORK
 
 
-def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 1
+def _other_threads() -> list[str]:
+    """The kernel names of this process's threads other than the calling one."""
+    import threading
+
+    me = threading.get_native_id()
+    names = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) == me:
+                continue
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+    return names
 
 
 def _thread_names() -> list[str]:
@@ -131,7 +135,6 @@ def serve_template(address: str, token: str, capture_path: str, init_blob: bytes
     if not ok:
         conn.close()
         return
-    release_nvml()  # before the first fork request is read: a fork then sees one thread
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

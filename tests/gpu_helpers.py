@@ -32,3 +32,13 @@ def import_torch_asking_for_cuda(name: str) -> None:
 
     torch.cuda.is_available()
     tag(name)
+
+
+def import_torch_counting_with_the_runtime(name: str) -> None:
+    """``torch.cuda.is_available()`` without the NVML check: the CUDA runtime counts devices,
+    after which torch refuses CUDA in a forked child — the template must refuse to fork."""
+    os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    import torch
+
+    torch.cuda.is_available()
+    tag(name)

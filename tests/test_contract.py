@@ -449,6 +449,46 @@ def test_an_initializer_that_leaves_a_thread_gets_interpreters_and_says_why(
     assert "the initializer left 2 threads running (" in said[0]
 
 
+def _start_a_native_thread(name: str) -> None:
+    """A thread Python's ``threading`` does not know of, under a kernel name of its own — as
+    the CUDA driver's thread after a device count (``cuda00001800007`` on the H200)."""
+    import _thread
+
+    ready = threading.Event()
+    forever = _thread.allocate_lock()
+    forever.acquire()
+
+    def run() -> None:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(name)
+        ready.set()
+        forever.acquire()  # blocks for the process's life, holding nothing
+
+    _thread.start_new_thread(run, ())
+    assert ready.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("thread", "start"), [("cuda00001800007", "template"), ("helper", "interpreter")]
+)
+def test_only_a_cuda_driver_thread_is_accepted_in_a_template(thread: str, start: str) -> None:
+    """The CUDA driver's idle thread that ``torch.cuda.is_available()`` leaves (which
+    ``import helion`` calls) does not stop the template forking (children use CUDA: measured on
+    the H200); any other native thread does, and the note names it."""
+    with PrecompileExecutor(2, initializer=_start_a_native_thread, initargs=(thread,)) as ex:
+        ex.warm_up(timeout=120)
+        assert [f.result(timeout=30) for f in [ex.submit(crashers.square, i) for i in (2, 3)]] == [
+            4,
+            9,
+        ]
+        stats = ex.statistics()
+    assert stats.start == start, stats.start_note
+    if start == "template":
+        assert stats.start_note is None
+    else:
+        assert stats.start_note is not None and f"{thread}" in stats.start_note
+
+
 def _import_pyarrow() -> None:
     import pyarrow  # noqa: F401
 
