@@ -96,9 +96,9 @@ numpy or torch then leaves a template single-threaded, so it can fork."""
 
 FORK_FRIENDLY_ENV = {
     # torch.cuda.is_available() (which `import torch._inductor`, and so `import helion`, calls)
-    # asks NVML instead of initializing the CUDA driver: PyTorch's documented way to keep a
-    # process forkable. Measured on the H200 image it still leaves an NVML thread, so such a
-    # template still refuses; whether a fork is safe then is the next GPU session's question.
+    # asks NVML instead of the CUDA runtime: PyTorch's documented way to keep a process
+    # forkable. It still leaves the driver's idle thread, which fork_safety() accepts; after a
+    # runtime count torch refuses CUDA in forked children (both measured on the H200, session 4).
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     # pyarrow (imported by pandas, which some compile stacks import) starts a jemalloc
     # background thread on import unless told not to: this removes that thread (measured).
