@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 from multiprocessing.connection import Connection, wait
@@ -25,10 +26,11 @@ from multiprocessing.connection import Connection, wait
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
 from ._worker import become_group_leader, connect_and_initialize, serve
 
-DRIVER_THREAD_PREFIX = "cuda"
+DRIVER_THREAD = re.compile(r"cuda[0-9a-f]{11}")
 """The kernel name of the thread the CUDA driver leaves when something only asks it (or NVML)
 how many devices there are — e.g. ``cuda00001800007`` after ``torch.cuda.is_available()``,
-which ``import torch._inductor`` and so ``import helion`` call at import."""
+which ``import torch._inductor`` and so ``import helion`` call at import. (A CUDA context's own
+threads are named otherwise, ``cuda-EvtHandlr`` and the like, and are never accepted.)"""
 
 
 def fork_safety() -> str | None:
@@ -45,7 +47,7 @@ def fork_safety() -> str | None:
 
     python_threads = threading.active_count()
     others = _other_threads()
-    foreign = [name for name in others if not name.startswith(DRIVER_THREAD_PREFIX)]
+    foreign = [name for name in others if not DRIVER_THREAD.fullmatch(name)]
     if python_threads > 1 or foreign:
         count = max(python_threads, len(others) + 1)
         return (

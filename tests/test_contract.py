@@ -470,12 +470,14 @@ def _start_a_native_thread(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("thread", "start"), [("cuda00001800007", "template"), ("helper", "interpreter")]
+    ("thread", "start"),
+    [("cuda00001800007", "template"), ("cuda-EvtHandlr", "interpreter"), ("helper", "interpreter")],
 )
 def test_only_a_cuda_driver_thread_is_accepted_in_a_template(thread: str, start: str) -> None:
     """The CUDA driver's idle thread that ``torch.cuda.is_available()`` leaves (which
     ``import helion`` calls) does not stop the template forking (children use CUDA: measured on
-    the H200); any other native thread does, and the note names it."""
+    the H200); any other native thread does — a CUDA context's event thread too —, and the note
+    names it."""
     with PrecompileExecutor(2, initializer=_start_a_native_thread, initargs=(thread,)) as ex:
         ex.warm_up(timeout=120)
         assert [f.result(timeout=30) for f in [ex.submit(crashers.square, i) for i in (2, 3)]] == [
