@@ -83,9 +83,16 @@ def _torch_refuses_cuda_after_fork() -> bool:
         if in_bad_fork is None:
             _REFUSES_AFTER_FORK = False  # no torch, or torch without CUDA: nothing to refuse
         else:
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:
+                return True  # no child to ask (nor, likely, for a worker): refuse, ask again later
             if pid == 0:
-                os._exit(3 if in_bad_fork() else 0)
+                code = 4  # whatever happens here, the child never returns into the template
+                try:
+                    code = 3 if in_bad_fork() else 0
+                finally:
+                    os._exit(code)
             _, status = os.waitpid(pid, 0)
             _REFUSES_AFTER_FORK = os.waitstatus_to_exitcode(status) != 0
     return _REFUSES_AFTER_FORK

@@ -492,23 +492,32 @@ def test_only_a_cuda_driver_thread_is_accepted_in_a_template(thread: str, start:
         assert stats.start_note is not None and f"{thread}" in stats.start_note
 
 
-def _fake_torch_and_a_driver_thread(in_bad_fork: bool) -> None:
+def _fake_torch_and_a_driver_thread(in_bad_fork: bool | None) -> None:
     """A stand-in for torch after a device count: the driver's thread, and torch's own answer,
-    in a forked child, to "may this process use CUDA?" (``torch._C._cuda_isInBadFork``)."""
+    in a forked child, to "may this process use CUDA?" (``torch._C._cuda_isInBadFork``); with
+    ``None`` the answer raises."""
     import types
 
+    def answer() -> bool:
+        if in_bad_fork is None:
+            raise RuntimeError("torch could not say")
+        return in_bad_fork
+
     fake = types.ModuleType("torch")
-    fake._C = types.SimpleNamespace(_cuda_isInBadFork=lambda: in_bad_fork)  # type: ignore[attr-defined]
+    fake._C = types.SimpleNamespace(_cuda_isInBadFork=answer)  # type: ignore[attr-defined]
     sys.modules["torch"] = fake
     _start_a_native_thread("cuda00001400006")
 
 
-@pytest.mark.parametrize(("in_bad_fork", "start"), [(True, "interpreter"), (False, "template")])
+@pytest.mark.parametrize(
+    ("in_bad_fork", "start"), [(True, "interpreter"), (False, "template"), (None, "interpreter")]
+)
 def test_a_template_asks_a_throwaway_child_whether_torch_allows_cuda_after_a_fork(
-    in_bad_fork: bool, start: str
+    in_bad_fork: bool | None, start: str
 ) -> None:
     """After a device count through the CUDA runtime torch refuses CUDA in every forked child,
-    which only a child can see: the template forks one to ask (once) and refuses if so."""
+    which only a child can see: the template forks one to ask (once) and refuses if so — or if
+    the child could not tell."""
     with PrecompileExecutor(
         2, initializer=_fake_torch_and_a_driver_thread, initargs=(in_bad_fork,)
     ) as ex:
@@ -516,7 +525,7 @@ def test_a_template_asks_a_throwaway_child_whether_torch_allows_cuda_after_a_for
         assert ex.submit(crashers.square, 5).result(timeout=30) == 25
         stats = ex.statistics()
     assert stats.start == start, stats.start_note
-    if in_bad_fork:
+    if start == "interpreter":
         assert stats.start_note is not None and "CUDA runtime" in stats.start_note
     else:
         assert stats.start_note is None
