@@ -34,6 +34,7 @@ returns idle workers to it, and the next executor with the same initializer reus
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -57,6 +58,7 @@ from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
 from ._validate import (
+    check_buffersize,
     check_cost,
     check_flag,
     check_priority,
@@ -393,6 +395,7 @@ class PrecompileExecutor(Executor):
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int = 1,
+        buffersize: int | None = None,
     ) -> Iterator[T]:
         """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
 
@@ -401,9 +404,12 @@ class PrecompileExecutor(Executor):
         in input order. ``timeout`` counts from this call; a task's exception is raised when
         its position is reached; ``chunksize`` sends that many calls to a worker in one message
         (each call still gets its own result or exception; the per-task timeout covers the
-        chunk).
+        chunk). ``buffersize`` (Python 3.14's, on any Python): submit only that many tasks
+        (chunks) ahead, and one more before each result is waited for, so the input may be
+        endless; the ordering then applies within the first window. Closing the iterator
+        cancels what was submitted ahead, as the stdlib's does.
         """
-        return self._map(self._options, fn, iterables, timeout, chunksize)
+        return self._map(self._options, fn, iterables, timeout, chunksize, buffersize)
 
     def _map(
         self,
@@ -412,31 +418,47 @@ class PrecompileExecutor(Executor):
         iterables: tuple[Iterable[Any], ...],
         timeout: float | None,
         chunksize: int,
+        buffersize: int | None = None,
     ) -> Iterator[T]:
         if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        buffersize = check_buffersize(buffersize)
         end = None if timeout is None else time.monotonic() + timeout
         arg_tuples = zip(*iterables, strict=False)
-        futures: list[Future[Any]] = []
+        groups: Iterator[list[Call]]
+        if chunksize == 1:
+            groups = ([(fn, a, {})] for a in arg_tuples)
+        else:
+            groups = iter(
+                lambda: [(fn, a, {}) for a in itertools.islice(arg_tuples, chunksize)], []
+            )
         fn_blob = None
         if opts.path != "fork" and callable(fn):
             try:
                 fn_blob = cloudpickle.dumps(fn)
             except Exception:  # noqa: BLE001 - _submit reports it (or forks) per task
                 fn_blob = None
+        chunked = chunksize > 1
         # Held like batch(): the first max_workers tasks would otherwise start in input order
         # before the longer ones behind them are even queued.
         with self.batch():
-            if chunksize == 1:
-                futures = [
-                    self._submit(opts, [(fn, a, {})], chunked=False, fn_blob=fn_blob)
-                    for a in arg_tuples
-                ]
-            else:
-                while chunk := list(itertools.islice(arg_tuples, chunksize)):
-                    calls: list[Call] = [(fn, a, {}) for a in chunk]
-                    futures.append(self._submit(opts, calls, chunked=True, fn_blob=fn_blob))
-        return _results(futures, end, chunked=chunksize > 1)
+            futures = collections.deque(
+                self._submit(opts, calls, chunked=chunked, fn_blob=fn_blob)
+                for calls in itertools.islice(groups, buffersize)
+            )
+        refill = None
+        if buffersize is not None:
+            me = weakref.ref(self)  # the iterator must not keep the executor alive
+
+            def submit_next() -> Future[Any] | None:
+                executor = me()
+                calls = next(groups, None) if executor is not None else None
+                if executor is None or calls is None:
+                    return None
+                return executor._submit(opts, calls, chunked=chunked, fn_blob=fn_blob)
+
+            refill = submit_next
+        return results_in_order(futures, end, chunked=chunked, refill=refill)
 
     def options(
         self,
@@ -689,16 +711,25 @@ def _result_or_cancel(future: Future[Any], end: float | None) -> Any:
         del future
 
 
-def _results(futures: list[Future[Any]], end: float | None, *, chunked: bool) -> Iterator[Any]:
+def results_in_order(
+    futures: collections.deque[Future[Any]],
+    end: float | None,
+    *,
+    chunked: bool,
+    refill: Callable[[], Future[Any] | None] | None = None,
+) -> Iterator[Any]:
     # Like the stdlib's: pop each future as it is consumed and never keep a yielded value in a
-    # local across the yield, so the caller alone decides how long a result lives.
-    futures.reverse()
+    # local across the yield, so the caller alone decides how long a result lives. With
+    # ``refill`` (map's buffersize), one more task is submitted before each wait, as 3.14 does.
     try:
         while futures:
+            if refill is not None and (more := refill()) is not None:
+                futures.append(more)
+                del more
             if not chunked:
-                yield _result_or_cancel(futures.pop(), end)
+                yield _result_or_cancel(futures.popleft(), end)
                 continue
-            chunk = _result_or_cancel(futures.pop(), end)
+            chunk = _result_or_cancel(futures.popleft(), end)
             chunk.reverse()
             while chunk:
                 if not chunk[-1][0]:

@@ -37,6 +37,17 @@ def check_cost(value: object) -> float | None:
     return float(value)
 
 
+def check_buffersize(value: object) -> int | None:
+    """``map``'s ``buffersize`` (Python 3.14's meaning): an int >= 1, or ``None`` for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"buffersize must be an int >= 1 or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"buffersize must be >= 1 (or None: submit everything), got {value!r}")
+    return value
+
+
 def check_flag(value: object, name: str) -> bool:
     """A ``bool`` setting (``with_output``, ``ignore_errors``)."""
     if not isinstance(value, bool):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import itertools
 import os
 import sys
 import threading
@@ -119,6 +120,34 @@ def test_map_is_lazy_about_results_but_submits_at_once(make: Make) -> None:
         time.sleep(0.1)
         assert _accounted(executor.statistics()) == 4
         assert list(results) == [0, 1, 4, 9]
+
+
+def test_map_buffersize_submits_a_window_ahead_of_the_consumer(make: Make) -> None:
+    """Python 3.14's ``Executor.map(buffersize=)``, on every Python: at most ``buffersize``
+    tasks (chunks) are submitted ahead of the result being waited for, so an endless iterable
+    works; closing the iterator cancels what was submitted ahead."""
+    pulled: list[int] = []
+
+    def counting() -> Iterator[int]:
+        for i in itertools.count():
+            pulled.append(i)
+            yield i
+
+    with make(2) as executor:
+        results = executor.map(crashers.square, counting(), buffersize=3)
+        assert len(pulled) == 3  # the first window, submitted at the call
+        assert [next(results) for _ in range(5)] == [0, 1, 4, 9, 16]
+        assert len(pulled) <= 5 + 3 + 1, pulled  # the stdlib refills one before each wait
+        results.close()
+        pulled_at_close = len(pulled)
+        assert list(executor.map(crashers.square, range(7), buffersize=2, chunksize=3)) == [
+            i * i for i in range(7)
+        ]
+        assert list(executor.map(pow, [2, 3, 4], [2, 2], buffersize=1)) == [4, 9]
+        for bad, error in ((0, ValueError), (-1, ValueError), ("2", TypeError), (True, TypeError)):
+            with pytest.raises(error, match="buffersize"):
+                executor.map(abs, [1], buffersize=bad)
+    assert len(pulled) == pulled_at_close  # nothing more was pulled from the endless input
 
 
 def test_as_completed_and_wait(make: Make) -> None:

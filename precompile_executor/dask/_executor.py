@@ -27,6 +27,7 @@ loop thread only marks futures running; the dask callback thread only fetches ou
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import heapq
@@ -55,7 +56,9 @@ from precompile_executor import (
     WorkerStartError,
 )
 
+from .._executor import results_in_order
 from .._validate import (
+    check_buffersize,
     check_cost,
     check_flag,
     check_priority,
@@ -621,15 +624,37 @@ class DaskPrecompileExecutor(Executor):
         *iterables: Any,
         timeout: float | None = None,
         chunksize: int = 1,
+        buffersize: int | None = None,
     ) -> Iterator[T]:
         """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
 
         ``timeout`` counts from this call; ``chunksize`` is accepted and each call is its own
-        task (a dask task per call already amortises nothing that chunks would save).
+        task (a dask task per call already amortises nothing that chunks would save);
+        ``buffersize`` (Python 3.14's, on any Python): only that many tasks are submitted
+        ahead, and one more before each result is waited for, so the input may be endless.
+        Closing the iterator cancels what was submitted ahead.
         """
         if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
-        return super().map(fn, *iterables, timeout=timeout)
+        buffersize = check_buffersize(buffersize)
+        end = None if timeout is None else time.monotonic() + timeout
+        arg_tuples = zip(*iterables, strict=False)
+        futures = collections.deque(
+            self.submit(fn, *args) for args in itertools.islice(arg_tuples, buffersize)
+        )
+        refill = None
+        if buffersize is not None:
+            me = weakref.ref(self)  # the iterator must not keep the executor alive
+
+            def submit_next() -> Future[Any] | None:
+                executor = me()
+                args = next(arg_tuples, None) if executor is not None else None
+                if executor is None or args is None:
+                    return None
+                return executor.submit(fn, *args)
+
+            refill = submit_next
+        return results_in_order(futures, end, chunked=False, refill=refill)
 
     def options(
         self,
