@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
 from ._worker import become_group_leader, connect_and_initialize, serve
 
-DRIVER_THREAD = re.compile(r"cuda[0-9a-f]{11}")
+DRIVER_THREAD = re.compile(r"cuda[0-9a-f]+")
 """The kernel name of the thread the CUDA driver leaves when something only asks it (or NVML)
 how many devices there are — e.g. ``cuda00001800007`` after ``torch.cuda.is_available()``,
 which ``import torch._inductor`` and so ``import helion`` call at import. (A CUDA context's own
