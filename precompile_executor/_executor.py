@@ -71,6 +71,7 @@ from ._worker import Call
 log = logging.getLogger("precompile_executor")
 
 T = TypeVar("T")
+E = TypeVar("E")
 Path = Literal["spawn", "fork", "auto"]
 _PATHS = ("spawn", "fork", "auto")
 Start = Literal["template", "interpreter"]
@@ -448,16 +449,11 @@ class PrecompileExecutor(Executor):
             )
         refill = None
         if buffersize is not None:
-            me = weakref.ref(self)  # the iterator must not keep the executor alive
-
-            def submit_next() -> Future[Any] | None:
-                executor = me()
-                calls = next(groups, None) if executor is not None else None
-                if executor is None or calls is None:
-                    return None
-                return executor._submit(opts, calls, chunked=chunked, fn_blob=fn_blob)
-
-            refill = submit_next
+            refill = submit_ahead(
+                self,
+                groups,
+                lambda ex, calls: ex._submit(opts, calls, chunked=chunked, fn_blob=fn_blob),
+            )
         return results_in_order(futures, end, chunked=chunked, refill=refill)
 
     def options(
@@ -709,6 +705,24 @@ def _result_or_cancel(future: Future[Any], end: float | None) -> Any:
     finally:
         future.cancel()
         del future
+
+
+def submit_ahead(
+    executor: E, items: Iterator[Any], submit: Callable[[E, Any], Future[Any]]
+) -> Callable[[], Future[Any] | None]:
+    """``map``'s ``buffersize`` refill, for every backend: a callable that submits the next of
+    ``items`` with ``submit(executor, item)``, or returns ``None`` once the items run out or the
+    executor is gone (held weakly: the results iterator must not keep it alive)."""
+    me = weakref.ref(executor)
+
+    def submit_next() -> Future[Any] | None:
+        executor = me()
+        item = next(items, None) if executor is not None else None
+        if executor is None or item is None:
+            return None
+        return submit(executor, item)
+
+    return submit_next
 
 
 def results_in_order(

@@ -56,7 +56,7 @@ from precompile_executor import (
     WorkerStartError,
 )
 
-from .._executor import results_in_order
+from .._executor import results_in_order, submit_ahead
 from .._validate import (
     check_buffersize,
     check_cost,
@@ -644,16 +644,7 @@ class DaskPrecompileExecutor(Executor):
         )
         refill = None
         if buffersize is not None:
-            me = weakref.ref(self)  # the iterator must not keep the executor alive
-
-            def submit_next() -> Future[Any] | None:
-                executor = me()
-                args = next(arg_tuples, None) if executor is not None else None
-                if executor is None or args is None:
-                    return None
-                return executor.submit(fn, *args)
-
-            refill = submit_next
+            refill = submit_ahead(self, arg_tuples, lambda ex, args: ex.submit(fn, *args))
         return results_in_order(futures, end, chunked=False, refill=refill)
 
     def options(
