@@ -44,16 +44,10 @@ if case.startswith("helion"):
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     from benchmarks.helion_bench import worker_init
     worker_init()
-from precompile_executor._template import fork_safety
+from precompile_executor._template import _thread_names, fork_safety
 verdict = fork_safety()
-def names():
-    out = []
-    for t in sorted(os.listdir("/proc/self/task")):
-        with open(f"/proc/self/task/{t}/comm") as f:
-            out.append(f.read().strip())
-    return out
 maps = open("/proc/self/maps").read()
-template = {"threads": names(), "cuda_initialized": torch.cuda.is_initialized(),
+template = {"threads": _thread_names(), "cuda_initialized": torch.cuda.is_initialized(),
             "loaded": [lib for lib in ("libcuda.so", "libnvidia-ml.so") if lib in maps],
             "fork_safety": verdict}
 r, w = os.pipe()

@@ -59,6 +59,7 @@ from ._hub import current_hub, get_hub
 from ._state import StopWorker, Task, TaskState
 from ._validate import (
     check_buffersize,
+    check_chunksize,
     check_cost,
     check_flag,
     check_priority,
@@ -421,8 +422,7 @@ class PrecompileExecutor(Executor):
         chunksize: int,
         buffersize: int | None = None,
     ) -> Iterator[T]:
-        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        chunksize = check_chunksize(chunksize)
         buffersize = check_buffersize(buffersize)
         end = None if timeout is None else time.monotonic() + timeout
         arg_tuples = zip(*iterables, strict=False)

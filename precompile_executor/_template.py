@@ -98,30 +98,28 @@ def _torch_refuses_cuda_after_fork() -> bool:
     return _REFUSES_AFTER_FORK
 
 
+def _threads() -> list[tuple[int, str]]:
+    """This process's threads, ``(tid, kernel name)`` (``/proc/self/task/*/comm``): native
+    threads — a CUDA driver thread, ``jemalloc_bg_thd`` — have no Python name."""
+    threads = []
+    with contextlib.suppress(OSError):
+        for tid in sorted(os.listdir("/proc/self/task"), key=int):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                threads.append((int(tid), f.read().strip()))
+    return threads
+
+
 def _other_threads() -> list[str]:
     """The kernel names of this process's threads other than the calling one."""
     import threading
 
     me = threading.get_native_id()
-    names = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir("/proc/self/task"):
-            if int(tid) == me:
-                continue
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-    return names
+    return [name for tid, name in _threads() if tid != me]
 
 
 def _thread_names() -> list[str]:
-    """This process's threads by their kernel names (``/proc/self/task/*/comm``), e.g. a CUDA
-    driver thread or ``jemalloc_bg_thd``: native threads have no Python name."""
-    names = []
-    with contextlib.suppress(OSError):
-        for tid in sorted(os.listdir("/proc/self/task")):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-    return names or ["names unknown"]
+    """This process's threads by their kernel names, for a refusal's message."""
+    return [name for _, name in _threads()] or ["names unknown"]
 
 
 def _gpu_libraries() -> str:

@@ -37,6 +37,13 @@ def check_cost(value: object) -> float | None:
     return float(value)
 
 
+def check_chunksize(value: object) -> int:
+    """``map``'s ``chunksize``: an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"chunksize must be an int >= 1, got {value!r}")
+    return value
+
+
 def check_buffersize(value: object) -> int | None:
     """``map``'s ``buffersize`` (Python 3.14's meaning): an int >= 1, or ``None`` for none."""
     if value is None:

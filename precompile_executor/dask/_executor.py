@@ -59,6 +59,7 @@ from precompile_executor import (
 from .._executor import results_in_order, submit_ahead
 from .._validate import (
     check_buffersize,
+    check_chunksize,
     check_cost,
     check_flag,
     check_priority,
@@ -634,8 +635,7 @@ class DaskPrecompileExecutor(Executor):
         ahead, and one more before each result is waited for, so the input may be endless.
         Closing the iterator cancels what was submitted ahead.
         """
-        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError(f"chunksize must be an int >= 1, got {chunksize!r}")
+        chunksize = check_chunksize(chunksize)
         buffersize = check_buffersize(buffersize)
         end = None if timeout is None else time.monotonic() + timeout
         arg_tuples = zip(*iterables, strict=False)
