@@ -27,7 +27,6 @@ loop thread only marks futures running; the dask callback thread only fetches ou
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import heapq
@@ -37,35 +36,25 @@ import pickle
 import threading
 import time
 import uuid
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, InvalidStateError
-from concurrent.futures import wait as futures_wait
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Literal, TypeVar
 
 import cloudpickle
 
-from precompile_executor import (
+from .._base import BaseExecutor, Call, Path, TaskOptions, failed_future, serialization_error
+from .._errors import (
+    AFTER_SHUTDOWN,
     Classification,
     RemoteError,
-    ResultSerializationError,
-    SerializationError,
-    TaskResult,
     TaskTimeoutError,
     WorkerCrashedError,
     WorkerStartError,
+    unpickle_error,
 )
-
-from .._executor import results_in_order, submit_ahead
-from .._validate import (
-    check_buffersize,
-    check_chunksize,
-    check_cost,
-    check_flag,
-    check_priority,
-    check_timeout,
-    describe_unpicklable,
-)
+from .._records import TaskResult
+from .._validate import check_count, check_initializer, check_timeout, describe_unpicklable
 from . import _node
 from ._plan import departed, free_slots, pick_node
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -81,8 +70,6 @@ a new node gets tasks, at most this much later than the scheduler knows."""
 FETCH_POLL_S = 0.5
 """The callback thread fetches an outcome in steps this long, giving up once the task is
 resolved otherwise (its node died after finishing, before the outcome could be fetched)."""
-
-_AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
 
 
 class NodeLostError(WorkerCrashedError):
@@ -142,21 +129,13 @@ class DaskExecutorStatistics:
     nodes_lost: int
 
 
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    timeout: float | None
-    priority: float
-    with_output: bool
-    cost: float | None = None  # a hint: longer starts first among equal priorities
-
-
 @dataclasses.dataclass(eq=False)
 class _Task:
     id: int
     key: str
     future: Future[Any]
     blob: bytes
-    opts: _Options
+    opts: TaskOptions
     state: Literal["queued", "dispatched", "running"] = "queued"
     node: str = ""
     token: str = ""
@@ -369,13 +348,8 @@ class _State:
             task.state = "running"
             task.future.set_running_or_notify_cancel()
 
-    def on_future_done(
-        self, task: _Task, future: Future[Any], view: DaskPrecompileExecutor | None = None
-    ) -> None:
+    def on_future_done(self, task: _Task, future: Future[Any]) -> None:
         """The caller's future finished; if it was cancelled, stop the task (any thread)."""
-        if view is not None:  # may run with self.lock held (a result set under it): not it
-            with view._tasks_lock:
-                view._tasks.discard(task)
         if not future.cancelled():
             return
         with self.lock:
@@ -431,11 +405,7 @@ class _State:
             try:
                 value = cloudpickle.loads(outcome["value"])
             except Exception as exc:  # noqa: BLE001
-                err = ResultSerializationError(
-                    "the task's result could not be unpickled in the parent: "
-                    f"{type(exc).__name__}: {exc}. Return plain data, or make its class "
-                    "importable in the caller."
-                )
+                err = unpickle_error(exc)
                 err.worker_pid = int(outcome.get("pid", 0))
                 self.finish(task, exc=err)
                 return
@@ -486,8 +456,60 @@ class _State:
         except (InvalidStateError, RuntimeError):
             pass  # cancelled in between: the cancel stands
 
+    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
 
-class DaskPrecompileExecutor(Executor):
+    def unstarted(self) -> list[_Task]:
+        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
+        queued = [t for _, t in self.queue]
+        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held -= 1
+            self.poke()
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; when the last one is done, unregister the nodes' pools."""
+        with self.lock:
+            self.closing = True
+            self.held = 0
+            unstarted = self.unstarted()
+            self.poke()
+        if cancel_futures:
+            for task in unstarted:
+                task.future.cancel()
+
+    def join(self) -> None:
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def interrupt(self) -> None:
+        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
+        with self.lock:
+            unstarted = self.unstarted()
+        for task in unstarted:
+            task.future.cancel()
+        self.kill(None)
+
+    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
+        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
+        (``WorkerCrashedError``, "killed ...") still comes back through dask."""
+        with self.lock:
+            running = [
+                t
+                for t in self.in_flight.values()
+                if t.state == "running" and (futures is None or t.future in futures)
+            ]
+        for task in running:
+            self.kill_on_node(task, cancel_dask=False)
+        return [t.future for t in running]
+
+
+class DaskPrecompileExecutor(BaseExecutor[_State]):
     """Runs callables on node-local ``PrecompileExecutor`` pools of a dask cluster.
 
     Each dask worker is a node: a :class:`~._plugin.NodePlugin` gives it a pool of warm worker
@@ -495,7 +517,9 @@ class DaskPrecompileExecutor(Executor):
     captured output and classification, exactly as :class:`~precompile_executor.PrecompileExecutor`
     on one machine. This executor keeps its own priority queue and sends each node at most its
     window of tasks; futures are standard ``concurrent.futures.Future`` objects, PENDING (and
-    cancellable) until a node's pool really starts the task.
+    cancellable) until a node's pool really starts the task. ``map`` sends each call as its own
+    task whatever ``chunksize`` says (a dask task per call already amortises what chunks save);
+    ``options(path=)`` takes only ``"spawn"``.
 
     Args:
         client: a connected synchronous ``distributed.Client``. Its workers must run with
@@ -515,6 +539,8 @@ class DaskPrecompileExecutor(Executor):
         ValueError, TypeError: a setting is out of range or of the wrong type.
     """
 
+    CHUNKS = False
+
     def __init__(
         self,
         client: Any,
@@ -526,23 +552,11 @@ class DaskPrecompileExecutor(Executor):
         max_workers_per_node: int | None = None,
         workers: Sequence[str] | None = None,
     ) -> None:
-        if initializer is not None and not callable(initializer):
-            raise TypeError(f"initializer must be callable or None, got {initializer!r}")
-        if not isinstance(initargs, tuple):
-            raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
-        if classify is not None and not callable(classify):
-            raise TypeError(f"classify must be callable or None, got {classify!r}")
-        per_node = max_workers_per_node
-        if per_node is not None:
-            if isinstance(per_node, bool) or not isinstance(per_node, int):
-                raise TypeError(
-                    f"max_workers_per_node must be an int >= 1 or None, got {per_node!r}"
-                )
-            if per_node < 1:
-                raise ValueError(f"max_workers_per_node must be >= 1, got {per_node}")
+        check_initializer(initializer, initargs, classify)
+        check_count(max_workers_per_node, "max_workers_per_node", 1, optional=True)
         if isinstance(workers, str):
             raise TypeError("workers must be a list of dask worker addresses, not one string")
-        self._options = _Options(check_timeout(timeout), 0.0, False)
+        options = TaskOptions(check_timeout(timeout))
         try:
             settings = cloudpickle.dumps((initializer, initargs, classify))
         except Exception as exc:
@@ -559,155 +573,55 @@ class DaskPrecompileExecutor(Executor):
         client.register_plugin(NodePlugin(name, settings, max_workers_per_node), name=name)
         state.refresh()
         state.thread.start()
-        self._state = state
-        self._parent: DaskPrecompileExecutor | None = None
-        self._closed = False  # a view's own shutdown (the executor's is state.closing)
-        self._tasks: set[_Task] = set()  # submitted through a view, future not yet done
-        self._tasks_lock = threading.Lock()  # guards _tasks (done-callbacks run under state.lock)
-        # Dropped without shutdown(): let it finish what it has, then unregister its nodes' pools.
-        weakref.finalize(self, _abandon, state).atexit = False
+        super().__init__(state, options)
 
-    # -- submitting ------------------------------------------------------------------------------
+    def _check_path(self, value: object) -> Path:
+        if value != "spawn":
+            raise ValueError(
+                "path must be 'spawn' on a dask cluster (a node cannot fork the caller), "
+                f"got {value!r}"
+            )
+        return "spawn"
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Schedule ``fn(*args, **kwargs)`` on a node; return a standard ``Future``.
+    # -- sending a task (the layer's _send) ------------------------------------------------------
 
-        Raises:
-            TypeError: ``fn`` is not callable.
-            RuntimeError: the executor was shut down.
-            WorkerStartError: a node's pool could not start (its initializer raised): the
-                executor is broken, as the stdlib pools are.
-        """
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-        state = self._state
-        future: Future[Any] = Future()
+    def _send(
+        self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
+    ) -> Future[Any]:
+        (fn, args, kwargs) = calls[0]
+        state = self._backend
         try:
             blob = cloudpickle.dumps((fn, args, kwargs))
         except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
-            error = SerializationError(
-                f"could not serialize {describe_unpicklable(fn, args, kwargs)} to send it to a "
-                "node. Tasks on a dask cluster must pickle (cloudpickle)."
-            )
-            error.__cause__ = exc
             with state.lock:
-                if state.closing or self._closed:
-                    raise RuntimeError(_AFTER_SHUTDOWN) from None
+                if state.closing:
+                    raise RuntimeError(AFTER_SHUTDOWN) from None
                 state.failed += 1
-            future.set_running_or_notify_cancel()
-            future.set_exception(error)
-            return future
+            what = describe_unpicklable(fn, args, kwargs)
+            advice = "Tasks on a dask cluster must pickle (cloudpickle)."
+            return failed_future(serialization_error(what, "to send it to a node", advice, exc))
+        future: Future[Any] = Future()
         name = getattr(fn, "__name__", "task")
-        task = _Task(
-            next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, self._options
-        )
+        task = _Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, opts)
         with state.lock:
             if state.broken is not None:
                 raise state.broken
-            if state.closing or self._closed:
-                raise RuntimeError(_AFTER_SHUTDOWN)
-        view = self if self._parent is not None else None
-        future.add_done_callback(lambda f: state.on_future_done(task, f, view))
+            if state.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+        future.add_done_callback(lambda f: state.on_future_done(task, f))
         with state.lock:
-            if state.closing or self._closed:
-                raise RuntimeError(_AFTER_SHUTDOWN)
-            if view is not None:
-                with view._tasks_lock:
-                    if not future.done():
-                        view._tasks.add(task)
+            if state.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
             heapq.heappush(state.queue, (task.sort_key(), task))
             state.poke()
         return future
-
-    def map(
-        self,
-        fn: Callable[..., T],
-        *iterables: Any,
-        timeout: float | None = None,
-        chunksize: int = 1,
-        buffersize: int | None = None,
-    ) -> Iterator[T]:
-        """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
-
-        ``timeout`` counts from this call; ``chunksize`` is accepted and each call is its own
-        task (a dask task per call already amortises nothing that chunks would save);
-        ``buffersize`` (Python 3.14's, on any Python): only that many tasks are submitted
-        ahead, and one more before each result is waited for, so the input may be endless.
-        Closing the iterator cancels what was submitted ahead.
-        """
-        chunksize = check_chunksize(chunksize)
-        buffersize = check_buffersize(buffersize)
-        end = None if timeout is None else time.monotonic() + timeout
-        arg_tuples = zip(*iterables, strict=False)
-        futures = collections.deque(
-            self.submit(fn, *args) for args in itertools.islice(arg_tuples, buffersize)
-        )
-        refill = None
-        if buffersize is not None:
-            refill = submit_ahead(self, arg_tuples, lambda ex, args: ex.submit(fn, *args))
-        return results_in_order(futures, end, chunked=False, refill=refill)
-
-    def options(
-        self,
-        *,
-        timeout: float | None | object = ...,
-        priority: float | object = ...,
-        with_output: bool | object = ...,
-        path: str | object = ...,
-        cost: float | None | object = ...,
-    ) -> DaskPrecompileExecutor:
-        """Return a view with other per-task settings; it shares the queue and the nodes.
-
-        Args:
-            timeout: per-task timeout in seconds (``None``: none), counted on the node.
-            priority: higher starts first among queued tasks; ties keep submission order.
-            with_output: results come back as :class:`~precompile_executor.TaskResult`.
-            path: only ``"spawn"``: a node cannot fork the caller's memory.
-            cost: a hint, the seconds a call is expected to take: among equal priorities the
-                longest starts first (this executor keeps no history; ``None``: no hint).
-        """
-        opts = self._options
-        if timeout is not ...:
-            opts = dataclasses.replace(opts, timeout=check_timeout(timeout))
-        if priority is not ...:
-            opts = dataclasses.replace(opts, priority=check_priority(priority))
-        if with_output is not ...:
-            opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
-        if cost is not ...:
-            opts = dataclasses.replace(opts, cost=check_cost(cost))
-        if path is not ... and path != "spawn":
-            raise ValueError(
-                "path must be 'spawn' on a dask cluster (a node cannot fork the caller), "
-                f"got {path!r}"
-            )
-        view = object.__new__(DaskPrecompileExecutor)
-        view._state = self._state
-        view._options = opts
-        view._parent = self._parent or self  # keeps the executor (and its finalizer) alive
-        view._closed = False
-        view._tasks = set()
-        view._tasks_lock = threading.Lock()
-        return view
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[DaskPrecompileExecutor]:
-        """Queue everything submitted inside the block; dispatch it, by priority, at the end."""
-        state = self._state
-        with state.lock:
-            state.held += 1
-        try:
-            yield self
-        finally:
-            with state.lock:
-                state.held -= 1
-                state.poke()
 
     # -- the nodes -------------------------------------------------------------------------------
 
     def nodes(self) -> dict[str, int]:
         """The nodes taking tasks now: dask worker address → window (tasks it may hold)."""
-        with self._state.lock:
-            return {a: n.window for a, n in self._state.nodes.items()}
+        with self._backend.lock:
+            return {a: n.window for a, n in self._backend.nodes.items()}
 
     def warm_up(self, timeout: float | None = None) -> dict[str, list[int]]:
         """Start every node's pool workers now; return their pids per node.
@@ -715,7 +629,7 @@ class DaskPrecompileExecutor(Executor):
         Raises:
             WorkerStartError: a node's pool could not start (its initializer raised, say).
         """
-        state = self._state
+        state = self._backend
         with state.lock:
             addresses = list(state.nodes)
         results = state.client.run(
@@ -728,7 +642,7 @@ class DaskPrecompileExecutor(Executor):
 
     def statistics(self) -> DaskExecutorStatistics:
         """Return an immutable snapshot of the queue, the tasks in flight and the nodes."""
-        s = self._state
+        s = self._backend
         with s.lock:
             states = [t.state for t in s.in_flight.values()]
             return DaskExecutorStatistics(
@@ -744,61 +658,3 @@ class DaskPrecompileExecutor(Executor):
                 slots=sum(n.window for n in s.nodes.values()),
                 nodes_lost=s.nodes_lost,
             )
-
-    # -- shutting down ---------------------------------------------------------------------------
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking tasks; when the last one is done, unregister the nodes' pools (their idle
-        workers stay warm in each dask worker for the next executor).
-
-        Args:
-            wait: block until every queued and running task has finished.
-            cancel_futures: cancel the tasks that have not started (queued or dispatched).
-        """
-        state = self._state
-        if self._parent is not None:  # a view: close it alone, as PrecompileExecutor's views do
-            with state.lock, self._tasks_lock:
-                self._closed = True
-                mine = list(self._tasks)
-                unstarted = [t for t in mine if t.state in ("queued", "dispatched")]
-            if cancel_futures:
-                for task in unstarted:
-                    task.future.cancel()
-            if wait:
-                futures_wait([t.future for t in mine])
-            return
-        with state.lock:
-            state.closing = True
-            state.held = 0
-            unstarted = [t for _, t in state.queue]
-            unstarted += [t for t in state.in_flight.values() if t.state == "dispatched"]
-            state.poke()
-        if cancel_futures:
-            for task in unstarted:
-                task.future.cancel()
-        if wait and state.thread.is_alive() and threading.current_thread() is not state.thread:
-            state.thread.join()
-
-    def interrupt(self) -> None:
-        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
-        state = self._state
-        with state.lock:
-            queued = [t for _, t in state.queue]
-            running = [t for t in state.in_flight.values() if t.state == "running"]
-            dispatched = [t for t in state.in_flight.values() if t.state == "dispatched"]
-        for task in queued + dispatched:
-            task.future.cancel()
-        for task in running:  # its outcome (WorkerCrashedError, "killed ...") still comes back
-            state.kill_on_node(task, cancel_dask=False)
-
-    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            self.interrupt()
-        self.shutdown(wait=True)
-        return False
-
-
-def _abandon(state: _State) -> None:
-    with state.lock:
-        state.closing = True
-        state.poke()
