@@ -24,7 +24,7 @@ from ._executor import (
     stop_idle_workers,
 )
 from ._process import KILL_GRACE_S
-from ._records import ExecutorStatistics, TaskResult, TaskTimeline
+from ._records import ExecutorStatistics, TaskCounts, TaskResult, TaskTimeline
 from ._worker import worker_device
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "RemoteError",
     "ResultSerializationError",
     "SerializationError",
+    "TaskCounts",
     "TaskResult",
     "TaskTimeline",
     "TaskTimeoutError",

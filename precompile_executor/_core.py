@@ -39,7 +39,6 @@ from ._errors import (
     AFTER_SHUTDOWN,
     Classification,
     RemoteError,
-    TaskTimeoutError,
     WorkerCrashedError,
     WorkerStartError,
     proxy_from_record,
@@ -47,7 +46,7 @@ from ._errors import (
 )
 from ._hub import Hub
 from ._messages import Done
-from ._records import ExecutorStatistics, TaskResult, TaskTimeline
+from ._records import ExecutorStatistics, TaskResult, TaskTimeline, count_outcome
 from ._state import Action, Fork, Launch, Send, Settle, StopWorker, Task, TaskState, WorkerHandle
 
 log = logging.getLogger("precompile_executor")
@@ -314,7 +313,8 @@ class Core:
         has predicted (ties keep submission order), not last and not as an average one: an
         unknown task (a first call of a new function, a hang) may be long, and a long task that
         starts late holds the batch for its whole duration, while a short one started early
-        costs nothing (lock held). Measured on the fault batch of benchmarks/s8_starts.py."""
+        costs nothing (lock held). See docs/design.md, "Ordering: the cost model"; the fault
+        batch of ``benchmarks/s8_starts.py`` measures it."""
         if task.predicted_s > 0:
             self.predicted_max = max(self.predicted_max, task.predicted_s)
         else:
@@ -469,14 +469,7 @@ class Core:
             # Recorded before the future is set, so whoever waited on it finds its record.
             task.settled_at = time.monotonic()
             self.timeline.append(_timeline(task, ok))
-            if ok:
-                self.completed += 1
-            else:
-                self.failed += 1
-                if isinstance(value, TaskTimeoutError):
-                    self.timed_out += 1
-                elif isinstance(value, WorkerCrashedError):
-                    self.crashed += 1
+            count_outcome(self, None if ok else value)
         try:
             if ok:
                 task.future.set_result(value)

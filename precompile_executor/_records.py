@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
+
+from ._errors import TaskTimeoutError, WorkerCrashedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +85,35 @@ class TaskTimeline:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExecutorStatistics:
-    """An immutable snapshot of one executor's state, from :meth:`PrecompileExecutor.statistics`.
+class TaskCounts:
+    """What every backend's ``statistics()`` snapshot says about its tasks; each backend's
+    snapshot adds its own fields (workers, nodes).
 
     Attributes:
-        queued: tasks waiting for a worker (their futures are PENDING).
-        running: tasks on a worker now.
+        queued: tasks waiting to be sent (their futures are PENDING).
+        running: tasks on a worker now (on the dask backend: started on a node).
         completed: tasks that returned a value.
         failed: tasks that raised, timed out or crashed.
         cancelled: tasks cancelled before they started.
         timed_out: failed tasks that ran past their timeout.
-        crashed: failed tasks whose worker died.
+        crashed: failed tasks whose worker died (on the dask backend: or whose node was lost).
+    """
+
+    queued: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+    timed_out: int
+    crashed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorStatistics(TaskCounts):
+    """An immutable snapshot of one executor's state, from :meth:`PrecompileExecutor.statistics`:
+    the :class:`TaskCounts`, and
+
+    Attributes:
         workers_alive: worker processes this executor holds (warm spawn workers and live forks).
         worker_restarts: workers replaced after a crash or a timeout kill.
         spawn_tasks: tasks started on the spawn path (warm pool).
@@ -104,16 +124,30 @@ class ExecutorStatistics:
             template's refusal: e.g. the threads the initializer left running), else ``None``.
     """
 
-    queued: int
-    running: int
-    completed: int
-    failed: int
-    cancelled: int
-    timed_out: int
-    crashed: int
     workers_alive: int
     worker_restarts: int
     spawn_tasks: int
     fork_tasks: int
     start: str = "template"
     start_note: str | None = None
+
+
+class Tallied(Protocol):
+    """A backend's outcome counters (the mutable side of :class:`TaskCounts`)."""
+
+    completed: int
+    failed: int
+    timed_out: int
+    crashed: int
+
+
+def count_outcome(counts: Tallied, error: BaseException | None) -> None:
+    """Count one resolved task, by the one rule every backend's statistics use (lock held)."""
+    if error is None:
+        counts.completed += 1
+        return
+    counts.failed += 1
+    if isinstance(error, TaskTimeoutError):
+        counts.timed_out += 1
+    elif isinstance(error, WorkerCrashedError):
+        counts.crashed += 1

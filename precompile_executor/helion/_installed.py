@@ -1,0 +1,40 @@
+"""The active installations of the Helion seam: which executor the patched methods use, and
+Helion's originals to put back. Its own module so that :mod:`._future` (the patched methods)
+and :mod:`._seam` (which installs them) both import it, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from .. import PrecompileExecutor
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Installation:
+    executor: PrecompileExecutor
+    create: Any  # the staticmethod objects found on the class before we replaced them
+    wait_for_all: Any
+
+
+lock = threading.RLock()
+stack: list[Installation] = []
+"""Active installations, innermost last; the patched methods use ``stack[-1].executor``."""
+
+
+def current_executor() -> PrecompileExecutor:
+    """The executor of the innermost active installation (the patched methods' target)."""
+    with lock:
+        if not stack:
+            raise RuntimeError("precompile_executor.helion is not installed")
+        return stack[-1].executor
+
+
+def original_wait_for_all() -> Any:
+    """Helion's own ``PrecompileFuture.wait_for_all`` (the function), while installed."""
+    with lock:
+        if not stack:
+            return None
+        return stack[0].wait_for_all.__func__
