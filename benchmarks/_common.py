@@ -45,6 +45,7 @@ class Context:
         out: the output directory (for a scenario's own figures, e.g. a Gantt chart).
         contention: also measure fewer workers than cores and pinned workers (scenario 7).
         against: the revision scenario 9 compares this tree with.
+        key: the scenario's key (``s1``...), for its progress lines.
     """
 
     quick: bool
@@ -58,6 +59,7 @@ class Context:
     out: Path | None = None
     contention: bool = False
     against: str = "333c6ad"
+    key: str = ""
     _dirs: int = 0
 
     def fresh_dir(self, label: str) -> str:

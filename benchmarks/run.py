@@ -303,6 +303,7 @@ def _scenario_process(args: argparse.Namespace) -> int:
         out=Path(args.out).resolve(),
         contention=args.contention,
         against=args.against,
+        key=key,
     )
     ctx.tmp.mkdir()
     shared_path = state / "shared.json"
