@@ -276,7 +276,7 @@ class Core:
                 actions.append(Send(worker, task))
         actions += self._start_workers()
         if self.shutdown and not self.queued():
-            self._release_idle()
+            actions += self._release_idle()
         self.changed.notify_all()
         return actions
 
@@ -302,12 +302,24 @@ class Core:
                 return True
         return False
 
-    def _release_idle(self) -> None:
+    def _release_idle(self) -> list[Action]:
         now = time.monotonic()
+        actions: list[Action] = []
         for worker in self.idle:
-            self.workers.discard(worker)
-            self.hub.put_pooled(worker, now)
+            actions += self._give_back(worker, now)
         self.idle.clear()
+        return actions
+
+    def _give_back(self, worker: WorkerHandle, now: float) -> list[Action]:
+        """An idle worker leaves this executor: to the hub's pool, still warm — unless it ran
+        tasks under ``max_tasks_per_child``: then it stops, so the next executor counts its
+        limit from a fresh process, as the stdlib's pool (one pool, its own processes) does."""
+        self.workers.discard(worker)
+        if worker.max_tasks is not None and worker.tasks_run:
+            self.hub.forget(worker)
+            return [StopWorker(worker, kill=False)]
+        self.hub.put_pooled(worker, now)
+        return []
 
     def _spawn_workers(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.kind == "spawn"]
@@ -437,9 +449,9 @@ class Core:
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.free(time.monotonic())
+            worker.tasks_run += 1
             if self.shutdown and not self.queued():
-                self.workers.discard(worker)
-                self.hub.put_pooled(worker, worker.since)
+                actions += self._give_back(worker, worker.since)
             else:
                 self.idle.append(worker)
         return actions + self.pump()
@@ -505,8 +517,7 @@ class Core:
                     self.cancelled += 1
             queue.clear()
         for idle in self.idle:  # nothing will use them: back to the pool, still warm
-            self.workers.discard(idle)
-            self.hub.put_pooled(idle, time.monotonic())
+            actions += self._give_back(idle, time.monotonic())
         self.idle.clear()
         self.changed.notify_all()
         return actions

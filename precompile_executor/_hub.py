@@ -481,8 +481,11 @@ class Hub:
         with self.lock:
             while worker.pid not in self._exit_codes:
                 left = end - time.monotonic()
-                if left <= 0:
-                    return None  # its template died too: nobody knows
+                template = self.templates.get(worker.template_key)
+                if left <= 0 or template is None or template.is_dead():
+                    # Its template is gone too (stopped with it: terminate_workers()): its
+                    # messages were all read before its end, so nobody will report this one.
+                    return self._exit_codes.pop(worker.pid, None)
                 self.changed.wait(left)
             return self._exit_codes.pop(worker.pid)
 

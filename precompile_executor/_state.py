@@ -191,6 +191,7 @@ class WorkerHandle:
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
         self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
+        self.tasks_run = 0  # spawn workers: tasks that returned a Done
         self.send_lock = threading.Lock()  # a send and the close of ``conn`` never overlap
 
     def __repr__(self) -> str:
