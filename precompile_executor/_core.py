@@ -81,6 +81,7 @@ class Settings:
         spare_workers: extra started workers kept idle in the hub's pool.
         start: ``"template"`` or ``"interpreter"``.
         cost_history: the JSON file of observed durations, or ``None`` (in memory only).
+        max_tasks_per_child: a spawn worker leaves after this many tasks; ``None``: never.
     """
 
     max_workers: int
@@ -92,6 +93,7 @@ class Settings:
     spare_workers: int = 0
     start: Literal["template", "interpreter"] = DEFAULT_START
     cost_history: str | os.PathLike[str] | None = None
+    max_tasks_per_child: int | None = None
 
 
 class Core:
@@ -101,6 +103,7 @@ class Core:
         self.hub = hub
         self.settings = settings
         self.start = settings.start
+        self.max_tasks_per_child = settings.max_tasks_per_child
         self.lock = hub.lock
         self.changed = hub.changed
         self.max_workers = settings.max_workers
@@ -230,7 +233,7 @@ class Core:
                 actions.append(Send(worker, task))
         actions += self._start_workers()
         if self.shutdown and not self.queued():
-            self._release_idle()
+            actions += self._release_idle()
         self.changed.notify_all()
         return actions
 
@@ -256,12 +259,24 @@ class Core:
                 return True
         return False
 
-    def _release_idle(self) -> None:
+    def _release_idle(self) -> list[Action]:
         now = time.monotonic()
+        actions: list[Action] = []
         for worker in self.idle:
-            self.workers.discard(worker)
-            self.hub.put_pooled(worker, now)
+            actions += self._give_back(worker, now)
         self.idle.clear()
+        return actions
+
+    def _give_back(self, worker: WorkerHandle, now: float) -> list[Action]:
+        """An idle worker leaves this executor: to the hub's pool, still warm — unless it ran
+        tasks under ``max_tasks_per_child``: then it stops, so the next executor counts its
+        limit from a fresh process, as the stdlib's pool (one pool, its own processes) does."""
+        self.workers.discard(worker)
+        if worker.max_tasks is not None and worker.tasks_run:
+            self.hub.forget(worker)
+            return [StopWorker(worker, kill=False)]
+        self.hub.put_pooled(worker, now)
+        return []
 
     def _spawn_workers(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.kind == "spawn"]
@@ -322,8 +337,13 @@ class Core:
         return self.enqueue(task)
 
     def device_key(self, device: str | None) -> bytes:
-        """The pool key of this executor's workers pinned to ``device``."""
-        return self.key if device is None else self.key + b"|device=" + device.encode()
+        """The pool key of this executor's workers pinned to ``device``: workers are shared
+        only by executors with the same initializer, device and ``max_tasks_per_child`` (a
+        worker counts its tasks from its start and leaves after that many)."""
+        key = self.key
+        if self.max_tasks_per_child is not None:
+            key += b"|max_tasks=%d" % self.max_tasks_per_child
+        return key if device is None else key + b"|device=" + device.encode()
 
     def _devices_least_used_first(self) -> list[str | None]:
         if not self.devices:
@@ -340,6 +360,7 @@ class Core:
             device,
             start=self.start,
             template_key=self.key,
+            max_tasks=self.max_tasks_per_child,
         )
         if owned:
             self.workers.add(worker)
@@ -386,9 +407,9 @@ class Core:
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.free(time.monotonic())
+            worker.tasks_run += 1
             if self.shutdown and not self.queued():
-                self.workers.discard(worker)
-                self.hub.put_pooled(worker, worker.since)
+                actions += self._give_back(worker, worker.since)
             else:
                 self.idle.append(worker)
         return actions + self.pump()
@@ -415,13 +436,17 @@ class Core:
         self.idle.append(worker)
         return self.pump()
 
-    def worker_gone(self, worker: WorkerHandle, *, expected: bool) -> list[Action]:
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]:
+        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
+        crashed one is, but not counted as a restart)."""
         self.workers.discard(worker)
         if worker in self.idle:
             self.idle.remove(worker)
         actions: list[Action] = []
         if worker.kind == "spawn" and not expected:
-            self.restarts += 1
+            self.restarts += 0 if recycled else 1
             if not self.shutdown and self.broken is None:
                 # Keep the pool at strength: a warm spare takes the dead worker's place at
                 # once; without one, a replacement starts now, not when the next task comes.
@@ -450,8 +475,7 @@ class Core:
                     self.cancelled += 1
             queue.clear()
         for idle in self.idle:  # nothing will use them: back to the pool, still warm
-            self.workers.discard(idle)
-            self.hub.put_pooled(idle, time.monotonic())
+            actions += self._give_back(idle, time.monotonic())
         self.idle.clear()
         self.changed.notify_all()
         return actions
@@ -600,6 +624,17 @@ class Core:
         self.idle.clear()
         return actions
 
+    def stop_starting(self) -> list[Action]:
+        """Stop this executor's workers still starting — a replacement launched just before
+        ``terminate_workers()`` would otherwise say hello afterwards and go to the pool, keeping
+        its template alive too (issue 24) (lock held)."""
+        actions: list[Action] = []
+        for worker in [w for w in self.workers if w.state == "starting"]:
+            self.hub.forget(worker)
+            self.workers.discard(worker)
+            actions.append(StopWorker(worker, kill=True))
+        return actions
+
     # -- the facade's requests (no lock held; the _base.Backend protocol and more) ------------
 
     def _stop_taking(self) -> None:
@@ -659,7 +694,7 @@ class Core:
         self.hub.run(actions)
         self._kill_until_idle(grace_s, reason)
         with self.lock:
-            actions = self.stop_idle()
+            actions = self.stop_idle() + self.stop_starting()
         self.hub.run(actions)
         for device in self.devices or [None]:
             self.hub.stop_idle(self.device_key(device))

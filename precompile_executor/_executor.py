@@ -60,6 +60,7 @@ from ._validate import (
     check_count,
     check_flag,
     check_initializer,
+    check_max_tasks_per_child,
     check_path,
     check_timeout,
     describe_unpicklable,
@@ -156,6 +157,10 @@ class PrecompileExecutor(BaseExecutor[Core]):
             kept across runs (shared by every executor in the process that names it), so the
             next batch starts its longest tasks first. ``None``: this executor learns in memory
             only. Triton compiles keep their own history beside the Triton cache.
+        max_tasks_per_child: as the stdlib's ``ProcessPoolExecutor``: a spawn worker leaves
+            after this many tasks and a fresh one replaces it (from the warm template: in
+            milliseconds), to bound what a leaking compiler accumulates. ``None``: workers live
+            on. Fork-path tasks run in a child each anyway.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -176,6 +181,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
         spare_workers: int = 0,
         start: Start = "template",
         cost_history: str | os.PathLike[str] | None = None,
+        max_tasks_per_child: int | None = None,
     ) -> None:
         workers = check_count(max_workers, "max_workers", 1, optional=True)
         check_initializer(initializer, initargs, classify)
@@ -202,6 +208,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
             spare_workers=spare_workers,
             start=start,
             cost_history=cost_history,
+            max_tasks_per_child=check_max_tasks_per_child(max_tasks_per_child),
         )
         super().__init__(Core(get_hub(), settings), options)
 
