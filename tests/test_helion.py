@@ -275,6 +275,8 @@ def _inject(bound: Any, config: Any, fault: str) -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         if fault == "hang":
             time.sleep(600)
+        if fault.startswith("sleep:"):  # a slow compile: its duration in seconds
+            time.sleep(float(fault.split(":")[1]))
         return real(*a, **k)
 
     jit.compile = faulty
@@ -416,6 +418,257 @@ def _interrupt_after(seconds: float) -> Any:
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     return timer
+
+
+# -- streaming: each config benchmarked as its precompile lands --------------------------------
+
+
+def _streaming_provider(bound: Any, args: Any, measured: list[tuple[Any, float]], **settings: Any):
+    """Helion's provider with ours streaming on top; only the GPU parts stand in: the baseline
+    run (it launches the kernel) and the timing of one config (records when, returns 1 ms)."""
+    from helion.autotuner.metrics import AutotuneMetrics
+
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    class OnTheCpu(StreamingBenchmarkProvider):  # type: ignore[misc]
+        def _compute_baseline(self) -> Any:
+            return None, [], None
+
+        def _compute_effective_tolerances(self) -> tuple[float, float]:
+            return 1e-2, 1e-2
+
+        def _benchmark_function(self, config: Any, fn: Any, **kw: Any) -> float:
+            self._autotune_metrics.num_configs_tested += 1
+            measured.append((config, time.time()))
+            return 1.0
+
+    s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False, **settings)
+    return OnTheCpu(
+        kernel=bound,
+        settings=s,
+        config_spec=bound.config_spec,
+        args=args,
+        log=AutotuningLogger(s),
+        autotune_metrics=AutotuneMetrics(),
+    )
+
+
+@pytest.mark.timeout(240)
+def test_streaming_benchmarks_in_completion_order_straggler_later_timeout_stays(
+    tmp_path: Path,
+) -> None:
+    """Four configs whose precompiles take 4 s, ~0, 2 s and forever (timeout 8 s): each is
+    benchmarked as soon as its precompile lands — the fast ones while the slow ones still
+    compile, the straggler when it lands — and the hang is a timeout, never benchmarked."""
+    measured: list[tuple[Any, float]] = []
+    with (
+        PrecompileExecutor(4) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _configs(bound, 4)
+        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+        for config, fault in zip(configs, ["sleep:4", "none", "sleep:2", "hang"], strict=True):
+            fn = bound.compile_config(config)
+            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
+            _inject(bound, config, fault)
+        provider = _streaming_provider(
+            bound, args, measured, autotune_compile_timeout=8, autotune_precompile_jobs=4
+        )
+        provider.setup()
+        seen: list[Any] = []
+        real = provider._create_precompile_future
+
+        def keep(config: Any, fn: Any) -> Any:
+            future = real(config, fn)
+            seen.append(future)
+            return future
+
+        provider._create_precompile_future = keep
+        try:
+            results = provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+    order = [c for c, _ in measured]
+    assert order == [configs[1], configs[2], configs[0]]  # completion order
+    futures = {id(f.config): f for f in seen if isinstance(f, HelionFuture)}
+    straggler = futures[id(configs[0])]
+    # the fast config was measured while the straggler was still compiling
+    assert measured[0][1] < straggler.end_time
+    assert [r.status for r in results] == ["ok", "ok", "ok", "timeout"]
+    assert results[3].perf == float("inf")
+    for r, c in zip(results[:3], configs[:3], strict=True):
+        assert r.compile_time == pytest.approx(futures[id(c)].elapsed)
+    assert results[0].compile_time > results[2].compile_time > results[1].compile_time
+
+
+def test_every_search_gets_the_streaming_provider(executor: PrecompileExecutor) -> None:
+    """PatternSearch and LFBO do not forward benchmark_provider_cls: the seam chooses it."""
+    from helion.autotuner.base_search import BaseSearch
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
+
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    chosen: list[Any] = []
+
+    class Search:  # what BaseSearch.__init__ leaves for _prepare
+        _benchmark_provider_cls = LocalBenchmarkProvider
+
+    class Custom(LocalBenchmarkProvider):  # type: ignore[misc]
+        pass
+
+    def prepare(self: Any) -> None:
+        chosen.append(self._benchmark_provider_cls)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BaseSearch, "_prepare", prepare)
+        with peh.use(executor):
+            BaseSearch._prepare(Search())
+            custom = Search()
+            custom._benchmark_provider_cls = Custom
+            BaseSearch._prepare(custom)
+        BaseSearch._prepare(Search())
+    assert chosen == [StreamingBenchmarkProvider, Custom, LocalBenchmarkProvider]
+
+
+# -- the GPU lease: real processes, no GPU --------------------------------------------------------
+
+_HOLDER = """
+import os, sys, time
+from precompile_executor.helion._lease import GpuLease
+directory, mode, name, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+lease = GpuLease("GPU-test", directory)
+hold = getattr(lease, mode)
+for i in range(rounds):
+    with hold():
+        start = time.monotonic()
+        open(os.path.join(directory, f"{name}.in"), "w").close()
+        gate = os.path.join(directory, f"{name}.go")
+        while rounds == 1 and not os.path.exists(gate) and time.monotonic() - start < 60:
+            time.sleep(0.01)
+        if rounds > 1:
+            time.sleep(0.005)
+        end = time.monotonic()
+    with open(os.path.join(directory, f"{name}.spans"), "a") as f:
+        f.write(f"{start} {end}\\n")
+"""
+
+
+def _holder(directory: Path, mode: str, name: str, rounds: int = 1) -> subprocess.Popen[bytes]:
+    script = directory / "holder.py"
+    if not script.exists():
+        script.write_text(_HOLDER)
+    return subprocess.Popen([sys.executable, str(script), str(directory), mode, name, str(rounds)])
+
+
+def _wait_for(path: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.02)
+
+
+def _wait_blocked(pid: int, timeout_s: float = 60) -> None:
+    """Wait until ``pid`` waits for a file lock (the kernel lists waiters in /proc/locks)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open("/proc/locks") as f:
+            if any("->" in line and str(pid) in line.split() for line in f):
+                return
+        assert time.monotonic() < deadline, f"pid {pid} never waited for the lease"
+        time.sleep(0.02)
+
+
+def _spans(directory: Path, name: str) -> list[tuple[float, float]]:
+    text = (directory / f"{name}.spans").read_text().split()
+    values = [float(v) for v in text]
+    return list(zip(values[::2], values[1::2], strict=True))
+
+
+@pytest.mark.timeout(180)
+def test_gpu_lease_shared_holders_together_exclusive_alone_and_first_in_line(
+    tmp_path: Path,
+) -> None:
+    """Worker runs (shared) hold the lease side by side; a measurement (exclusive) waits for them,
+    and a worker run that asks after the measurement waits behind it (the turnstile)."""
+    first, second = _holder(tmp_path, "shared", "s1"), _holder(tmp_path, "shared", "s2")
+    procs = [first, second]
+    try:
+        _wait_for(tmp_path / "s1.in")
+        _wait_for(tmp_path / "s2.in")  # both inside at once
+        measurement = _holder(tmp_path, "exclusive", "m")
+        procs.append(measurement)
+        _wait_blocked(measurement.pid)  # it asked, and waits for the two shared holders
+        assert not (tmp_path / "m.in").exists()
+        late = _holder(tmp_path, "shared", "s3")  # asks after the measurement did
+        procs.append(late)
+        _wait_blocked(late.pid)  # held at the turnstile
+        assert not (tmp_path / "s3.in").exists()
+        for name in ("s1", "s2"):
+            (tmp_path / f"{name}.go").touch()
+        _wait_for(tmp_path / "m.in")
+        (tmp_path / "m.go").touch()
+        _wait_for(tmp_path / "s3.in")
+        (tmp_path / "s3.go").touch()
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    ((m_start, m_end),) = _spans(tmp_path, "m")
+    ((s3_start, _),) = _spans(tmp_path, "s3")
+    assert max(end for _, end in _spans(tmp_path, "s1") + _spans(tmp_path, "s2")) <= m_start
+    assert m_end <= s3_start
+
+
+@pytest.mark.timeout(180)
+def test_gpu_lease_measurements_never_overlap_worker_runs(tmp_path: Path) -> None:
+    """Three processes take the lease shared and one exclusive, 30 times each: no exclusive
+    span overlaps any other span."""
+    names = ["w1", "w2", "w3"]
+    procs = [_holder(tmp_path, "shared", n, rounds=30) for n in names]
+    procs.append(_holder(tmp_path, "exclusive", "m", rounds=30))
+    try:
+        for p in procs:
+            assert p.wait(timeout=150) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    exclusive = _spans(tmp_path, "m")
+    others = [s for n in names for s in _spans(tmp_path, n)]
+    assert len(exclusive) == 30 and len(others) == 90
+    for start, end in exclusive:
+        assert all(o_end <= start or o_start >= end for o_start, o_end in others)
+
+
+@pytest.mark.timeout(120)
+def test_gpu_lease_is_released_when_its_holder_is_sigkilled(tmp_path: Path) -> None:
+    holder = _holder(tmp_path, "exclusive", "dead")
+    try:
+        _wait_for(tmp_path / "dead.in")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        after = _holder(tmp_path, "exclusive", "next")
+        _wait_for(tmp_path / "next.in")
+        (tmp_path / "next.go").touch()
+        assert after.wait(timeout=60) == 0
+    finally:
+        for p in (holder,):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+def test_gpu_lease_refuses_a_key_that_is_not_a_file_name(tmp_path: Path) -> None:
+    from precompile_executor.helion._lease import GpuLease
+
+    with pytest.raises(ValueError, match="plain file name"):
+        GpuLease("../etc", str(tmp_path))
 
 
 # -- spawn mode on the CPU: stand-in generated modules on warm workers ---------------------------
