@@ -150,6 +150,98 @@ def test_check_refuses_a_missing_helper(monkeypatch: pytest.MonkeyPatch) -> None
         peh.check_helion()
 
 
+def test_check_refuses_a_changed_provider_and_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The streaming provider's Helion methods are checked too; refused, use() builds no
+    executor and patches nothing (BaseSearch._prepare included)."""
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
+
+    from precompile_executor.helion import _warm
+
+    def benchmark(self, configs, *, desc="Benchmarking"):  # raise_if_no_viable_config gone
+        raise AssertionError
+
+    monkeypatch.setattr(LocalBenchmarkProvider, "benchmark", benchmark)
+    monkeypatch.setattr(_warm, "_default", None)
+    with pytest.raises(peh.UnsupportedHelionError) as info, peh.use():
+        pass
+    assert "LocalBenchmarkProvider.benchmark(" in str(info.value)
+    assert "nothing was patched" in str(info.value)
+    assert _warm._default is None
+    assert _originals() == HELION_ORIGINALS
+
+
+def test_check_refuses_a_search_that_no_longer_reaches_the_provider_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from helion.autotuner.base_search import BaseSearch
+
+    def _prepare(self):  # builds its provider some other way
+        return None
+
+    monkeypatch.setattr(BaseSearch, "_prepare", _prepare)
+    with pytest.raises(
+        peh.UnsupportedHelionError, match=r"BaseSearch\._prepare no longer uses _benchmark_provider"
+    ):
+        peh.check_helion()
+
+
+@pytest.fixture
+def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's default executor as if none was built yet; shut down afterwards."""
+    from precompile_executor.helion import _warm
+
+    monkeypatch.setattr(_warm, "_default", None)
+    monkeypatch.setattr(_warm, "_warming", None)
+    try:
+        yield
+    finally:
+        if _warm._warming is not None:
+            _warm._warming.join(timeout=WAIT_S)
+        if _warm._default is not None:
+            _warm._default.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_use_without_an_executor_builds_one_for_helion_once(
+    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HELION_AUTOTUNE_PRECOMPILE", raising=False)
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "3")
+    from precompile_executor.helion import _warm
+
+    with peh.use() as first:
+        with peh.use() as second:
+            assert second is first and _seam.current_executor() is first
+        assert first.max_workers == 3  # Helion's autotune_precompile_jobs
+        assert not _warm.warming()  # fork mode: nothing to warm
+        # import_helion ran in the template its workers came from
+        assert first.submit(_what_is_warm).result(timeout=WAIT_S)[0] is True
+    try:
+        peh.install()
+        assert _seam.current_executor() is first
+    finally:
+        peh.uninstall()
+
+
+@pytest.mark.timeout(240)
+def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
+    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE", "spawn")
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "2")
+    from precompile_executor.helion import _warm
+
+    with peh.use() as ex:
+        assert _warm.warming()
+        assert _warm._warming is not None
+        _warm._warming.join(timeout=WAIT_S)
+        stats = ex.statistics()
+        assert stats.start == "template"
+        assert len(ex.warm_up(timeout=WAIT_S)) == 2  # already warm: the same two workers
+
+
 def test_use_patches_and_restores_also_on_exception(executor: PrecompileExecutor) -> None:
     assert not peh.installed()
     with pytest.raises(ZeroDivisionError), peh.use(executor) as ex:
@@ -857,24 +949,36 @@ _GPU_PRELUDE = """
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", ["fork", "spawn"])
-def test_gpu_autotune_with_ours(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "setup"), [("fork", "ex"), ("spawn", "ex"), ("spawn", "none")])
+def test_gpu_autotune_with_ours(mode: str, setup: str) -> None:
+    """A real autotune, streamed; ``none``: ``use()`` builds and warms the executor itself."""
+    line = "peh.use(ex)" if setup == "ex" else "peh.use()"
     proc = _run_script(
         _GPU_PRELUDE
         + f"""
     if __name__ == "__main__":
+        from precompile_executor.helion._provider import StreamingBenchmarkProvider
+        providers = []
+        real = StreamingBenchmarkProvider.benchmark
+        def counting(self, configs, **kw):
+            providers.append(len(configs))
+            return real(self, configs, **kw)
+        StreamingBenchmarkProvider.benchmark = counting
         random.seed(0)
         x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
         add.settings.autotune_precompile = "{mode}"
         add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=8)
-        with PrecompileExecutor(8, initializer=worker_init) as ex, peh.use(ex):
+        with PrecompileExecutor(8, initializer=worker_init) as ex, {line}:
             best = add.autotune((x, y), force=True)
         torch.testing.assert_close(add(x, y), x + y)
+        print("STREAMED", providers)
         print("BEST", best)
-    """
+    """,
+        env={{"HELION_AUTOTUNE_PRECOMPILE": mode}},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "BEST" in proc.stdout
+    assert "STREAMED [8" in proc.stdout, proc.stdout[-3000:]  # the batch went through ours
 
 
 _FAULT_SCRIPT = """
@@ -970,3 +1074,65 @@ def test_gpu_ctrl_c_during_a_batch_leaves_no_process() -> None:
         proc.wait(timeout=30)
         if proc.stdout is not None:
             proc.stdout.close()  # else its ResourceWarning fails the test (H200, session 4)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpu_sigkill_of_the_autotuning_process_leaves_no_process_and_no_gpu_memory() -> None:
+    import psutil
+
+    script = (
+        _GPU_PRELUDE
+        + """
+    if __name__ == "__main__":
+        x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
+        add.settings.autotune_precompile = "spawn"
+        add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=16)
+        with peh.use(), inject_fault("hang", every=1):
+            print("STARTED", flush=True)
+            add.autotune((x, y), force=True)
+    """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, _script_file(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "HELION_SKIP_CACHE": "1", "HELION_AUTOTUNE_PRECOMPILE": "spawn"},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "STARTED" in line:
+                break
+        time.sleep(30)  # inside the first batch: every config hangs on the GPU
+        tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(tree) > 1, "the batch should be running in workers"
+        os.kill(proc.pid, signal.SIGKILL)  # the autotuning process only, not its group
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(
+            [psutil.Process(p) for p in tree[1:] if psutil.pid_exists(p)], timeout=60
+        )
+        assert not alive, f"left behind: {[p.pid for p in alive]}"
+        deadline = time.monotonic() + 60
+        while True:  # no CUDA context of that tree is left on the GPU
+            apps = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
+            left = sorted(set(tree) & {int(p) for p in apps if p.isdigit()})
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert not left, f"GPU contexts left: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
