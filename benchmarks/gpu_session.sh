@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
 #   bash benchmarks/gpu_session.sh probe     # can a child forked from a template use CUDA?
+#   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,4 +72,14 @@ case "${1:-tests}" in
   helion)
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
       --timeout "${HELION_SCENARIO_TIMEOUT:-150}" ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+  autotune)
+    # The tests (CPU ones and the injected segfault/hang on the GPU), then the benchmark:
+    # each scenario a fresh process with a cold Triton cache (see benchmarks/triton_autotune_bench.py).
+    if [ "${AUTOTUNE_TESTS:-1}" = 1 ]; then
+      timeout 200 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_triton_autotune.py \
+        > "$OUT/autotune-tests.txt" 2>&1; tail -25 "$OUT/autotune-tests.txt"
+    fi
+    timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
+      --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
+      ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
 esac

@@ -239,6 +239,8 @@ def _completed(executor: PrecompileExecutor) -> int:
 
 
 GRID = (1,)
+HAS_AUTOTUNING_LISTENER = "listener" in vars(type(knobs.autotuning))
+"""``knobs.autotuning.listener`` exists in Triton 3.9, not in 3.6."""
 
 
 # -- the seam -----------------------------------------------------------------------------------
@@ -390,8 +392,9 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
     assert set(kernel.configs_timings) == set(pruned)
     assert kernel.configs_timings[pruned[1]] == [1.0] * 3
     assert kernel.bench_time > 0
-    assert len(told) == 1 and told[0]["cache_hit"] is False
-    assert told[0]["best_config"] is pruned[1]
+    if HAS_AUTOTUNING_LISTENER:
+        assert len(told) == 1 and told[0]["cache_hit"] is False
+        assert told[0]["best_config"] is pruned[1]
 
     # The same key again: Triton's own cache answers; nothing is compiled or benchmarked.
     calls = len(bench.calls)
