@@ -58,7 +58,8 @@ class Doom(NamedTuple):
 
 
 class Owner(Protocol):
-    """What the hub asks of the executor core that owns tasks and workers (lock held)."""
+    """What the hub asks of the executor core that owns tasks and workers: its reports (lock
+    held), and at interpreter exit :meth:`drain_at_exit` and :meth:`abort` (no lock held)."""
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]: ...
 
@@ -70,11 +71,17 @@ class Owner(Protocol):
 
     def worker_ready(self, worker: WorkerHandle) -> list[Action]: ...
 
-    def worker_gone(self, worker: WorkerHandle, *, expected: bool) -> list[Action]: ...
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]: ...
 
     def worker_failed_to_start(
         self, worker: WorkerHandle, error: BaseException
     ) -> list[Action]: ...
+
+    def drain_at_exit(self) -> None: ...
+
+    def abort(self, reason: str) -> None: ...
 
 
 _task_ids = itertools.count(1)
@@ -188,6 +195,8 @@ class WorkerHandle:
         self.task: Task | None = None
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
+        self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
+        self.tasks_run = 0  # spawn workers: tasks that returned a Done
         self.send_lock = threading.Lock()  # a send and the close of ``conn`` never overlap
 
     def __repr__(self) -> str:

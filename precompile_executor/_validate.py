@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -35,6 +35,36 @@ def check_cost(value: object) -> float | None:
     if not value >= 0:
         raise ValueError(f"cost must be >= 0 seconds, got {value!r}")
     return float(value)
+
+
+def check_path(value: object) -> Literal["spawn", "fork", "auto"]:
+    """A task's path: ``"spawn"``, ``"fork"`` or ``"auto"``."""
+    if value not in ("spawn", "fork", "auto"):
+        raise ValueError(f"path must be one of 'spawn', 'fork' or 'auto', got {value!r}")
+    return value
+
+
+def check_count(value: object, name: str, minimum: int, *, optional: bool = False) -> int | None:
+    """An ``int`` setting >= ``minimum`` (``max_workers``, ``spare_workers``); ``None`` passes
+    where ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        more = " or None" if optional else ""
+        raise TypeError(f"{name} must be an int >= {minimum}{more}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_initializer(initializer: object, initargs: object, classify: object) -> None:
+    """The settings every backend takes: ``initializer``, ``initargs``, ``classify``."""
+    if initializer is not None and not callable(initializer):
+        raise TypeError(f"initializer must be callable or None, got {initializer!r}")
+    if not isinstance(initargs, tuple):
+        raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
+    if classify is not None and not callable(classify):
+        raise TypeError(f"classify must be callable or None, got {classify!r}")
 
 
 def check_chunksize(value: object) -> int:
@@ -81,3 +111,30 @@ def short_repr(obj: Any) -> str:
     except Exception:  # noqa: BLE001
         text = object.__repr__(obj)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_max_tasks_per_child(value: object) -> int | None:
+    """``max_tasks_per_child`` as the stdlib's ``ProcessPoolExecutor`` takes it: an int >= 1, or
+    ``None`` (workers live on). A ``bool`` is refused, unlike the stdlib, as for every count
+    here: ``True`` is surely a mistake."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_tasks_per_child must be an integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"max_tasks_per_child must be >= 1, got {value}")
+    return value
+
+
+def check_memory_limit(value: object) -> int | None:
+    """A memory limit in bytes (> 0), or ``None`` for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"memory_limit must be a number of bytes or None, got {value!r}")
+    if not value >= 1:
+        raise ValueError(
+            f"memory_limit must be >= 1 byte (e.g. 2 * 1024**3 for 2 GiB; None for no limit), "
+            f"got {value!r}"
+        )
+    return int(value)
