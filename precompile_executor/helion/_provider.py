@@ -50,7 +50,7 @@ from helion.autotuner.benchmark_provider import (
 from helion.autotuner.logger import capture_output
 from helion.autotuner.progress_bar import iter_with_progress
 
-from . import _future, _seam, _warm
+from . import _future, _installed, _warm
 from ._lease import GpuLease, lease_for
 
 
@@ -100,7 +100,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         return (
             len(configs) > 1
             and self.settings.autotune_precompile in ("fork", "spawn")
-            and _seam.installed()
+            and _installed.installed()
             and not dist.is_initialized()
         )
 
@@ -121,7 +121,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         results: list[Any] = [None] * len(configs)
         with (
             self._shared() as shared,
-            _future.Stream(_seam.current_executor(), shared) as stream,
+            _future.Stream(_installed.current_executor(), shared) as stream,
         ):
             compiled, failed = self._codegen_and_submit(configs, stream)
             stream.close_input()
