@@ -149,7 +149,7 @@ class Hub:
         self._template_deaths: dict[bytes, int] = {}
         self._exit_codes: dict[int, int] = {}  # template-forked workers' exit codes, by pid
         self.workers: set[WorkerHandle] = set()  # every worker not yet dead
-        self.cores: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.cores: weakref.WeakSet[Owner] = weakref.WeakSet()  # drained and aborted at exit
         self.closed = False
         self.exiting = False  # the interpreter is exiting: no new tasks
         self._capture_ids = iter(range(1, 1 << 62))
@@ -227,6 +227,28 @@ class Hub:
         pool = self.pool.get(worker.key)
         if pool and worker in pool:
             pool.remove(worker)
+
+    def stop_idle(self, key: bytes | None = None) -> int:
+        """Stop the pooled idle workers of ``key`` (every key: ``None``) and the warm templates
+        no live worker came from; return how many workers (no lock held)."""
+        with self.lock:
+            keys = [key] if key is not None else list(self.pool)
+            victims = [w for k in keys for w in self.pool.pop(k, []) if w.state == "idle"]
+            # Spares still starting (no executor holds them) would join the pool right after.
+            victims += [
+                w
+                for w in self.workers
+                if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
+            ]
+            for worker in victims:
+                self.forget(worker)
+            # A warm template no live worker came from is only memory now: stop it too.
+            in_use = {w.template_key for w in self.workers if w.kind == "spawn"}
+            templates = [t for k, t in self.templates.items() if k not in in_use and not t.pending]
+            for template in templates:
+                self.forget(template)
+        self.run([StopWorker(w, kill=False) for w in victims + templates])
+        return len(victims)
 
     # -- running actions (no lock held) --------------------------------------------------------
 
@@ -481,8 +503,11 @@ class Hub:
         with self.lock:
             while worker.pid not in self._exit_codes:
                 left = end - time.monotonic()
-                if left <= 0:
-                    return None  # its template died too: nobody knows
+                template = self.templates.get(worker.template_key)
+                if left <= 0 or template is None or template.is_dead():
+                    # Its template is gone too (stopped with it: terminate_workers()): its
+                    # messages were all read before its end, so nobody will report this one.
+                    return self._exit_codes.pop(worker.pid, None)
                 self.changed.wait(left)
             return self._exit_codes.pop(worker.pid)
 
