@@ -37,6 +37,7 @@ from ._errors import (
     Classification,
     RemoteError,
     ResultSerializationError,
+    TaskMemoryError,
     TaskTimeoutError,
     WorkerCrashedError,
     WorkerStartError,
@@ -150,6 +151,8 @@ class Core:
         self.hub = hub
         self.start = start
         self.max_tasks_per_child = max_tasks_per_child
+        self.memory_blocked = False  # the queue's head waits for memory (statistics)
+        self.memory_killed = 0
         self.lock = hub.lock
         self.changed = hub.changed
         self.max_workers = max_workers
@@ -256,6 +259,9 @@ class Core:
             )
             if path is None:
                 break
+            head = spawn if path == "spawn" else fork
+            if not self._memory_admits(head):
+                break  # the head waits for memory; nothing passes it (priority order holds)
             _, task = heapq.heappop(self.queues[path])
             if not self.claim(task):
                 task.close()
@@ -263,6 +269,8 @@ class Core:
                 continue
             now = time.monotonic()
             self.in_flight.add(task)
+            if task.memory_limit is not None:
+                self.hub.memory.reserve(task, task.memory_limit)
             if path == "fork":
                 task.state = TaskState.SENT  # the fork itself runs outside the lock
                 task.sent_at = now
@@ -279,6 +287,16 @@ class Core:
             actions += self._release_idle()
         self.changed.notify_all()
         return actions
+
+    def _memory_admits(self, task: Task | None) -> bool:
+        """Whether ``task`` may start as far as memory goes (:func:`._scheduler.fits_in_memory`);
+        while it may not, the hub's memory watcher pumps this core again every round."""
+        limit = task.memory_limit if task is not None else None
+        fits = limit is None or self.hub.memory.admits(limit)
+        if self.memory_blocked != (not fits):
+            self.memory_blocked = not fits
+            self.hub.memory.wait_for_memory(self, not fits)
+        return fits
 
     def _take_idle(self) -> WorkerHandle:
         if not self.devices:
@@ -433,6 +451,8 @@ class Core:
     def _close(self, task: Task, outcome: Any) -> list[Action]:
         """The one place a task is resolved: DONE now, its future set by :meth:`settle`."""
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         if not task.close():
             return []
         self.unsettled += 1
@@ -458,6 +478,8 @@ class Core:
 
     def task_lost(self, task: Task) -> list[Action]:
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         task.back_to_queue()
         if task.requeues > MAX_REQUEUES:
             error = WorkerCrashedError(
@@ -543,6 +565,8 @@ class Core:
                     self.timed_out += 1
                 elif isinstance(value, WorkerCrashedError):
                     self.crashed += 1
+                elif isinstance(value, TaskMemoryError):
+                    self.memory_killed += 1
         try:
             if ok:
                 task.future.set_result(value)

@@ -63,6 +63,7 @@ from ._validate import (
     check_cost,
     check_flag,
     check_max_tasks_per_child,
+    check_memory_limit,
     check_priority,
     check_timeout,
     describe_unpicklable,
@@ -111,6 +112,11 @@ class ExecutorStatistics:
             (``"interpreter"`` also when the template was found unsafe to fork).
         start_note: why workers asked to start from a template start as interpreters (the
             template's refusal: e.g. the threads the initializer left running), else ``None``.
+        memory_killed: failed tasks whose process group passed their ``memory_limit``.
+        waiting_for_memory: queued tasks that would run now (a slot is free) but wait for
+            memory: the running tasks with limits, counted at their limits, leave too little.
+        memory_reserved: bytes the process's running tasks with limits may still grow to
+            (Σ limit, every executor of the process), what admission counts against.
     """
 
     queued: int
@@ -126,6 +132,9 @@ class ExecutorStatistics:
     fork_tasks: int
     start: str = "template"
     start_note: str | None = None
+    memory_killed: int = 0
+    waiting_for_memory: int = 0
+    memory_reserved: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +144,7 @@ class _Options:
     priority: float
     with_output: bool
     cost: float | None = None
+    memory_limit: int | None = None
 
 
 def _check_path(value: object) -> Path:
@@ -216,6 +226,16 @@ class PrecompileExecutor(Executor):
             after this many tasks and a fresh one replaces it (from the warm template: in
             milliseconds), to bound what a leaking compiler accumulates. ``None``: workers live
             on. Fork-path tasks run in a child each anyway.
+        memory_limit: bytes a task's process group — its worker and every process under it (a
+            compiler it spawned) — may hold; checked every 20 ms while the task runs. Past it
+            the group is killed at once and the task fails alone with
+            :class:`TaskMemoryError` (a ``MemoryError``); its worker is replaced. Measured: the
+            group's resident memory less the pages the worker shared with its warm template and
+            libraries when the task started (about its USS; docs/design.md, "Memory limits").
+            With a limit, tasks also start only while the running ones, counted at their
+            limits, plus the next fit in the machine's available memory, so a batch queues
+            instead of meeting the OOM killer (``statistics().waiting_for_memory``). ``None``:
+            no limit; override per call with :meth:`options`.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -237,6 +257,7 @@ class PrecompileExecutor(Executor):
         start: Start = "template",
         cost_history: str | os.PathLike[str] | None = None,
         max_tasks_per_child: int | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -258,7 +279,13 @@ class PrecompileExecutor(Executor):
             raise ValueError(f"start must be 'template' or 'interpreter', got {start!r}")
         if not isinstance(ignore_errors, bool):
             raise TypeError(f"ignore_errors must be a bool, got {ignore_errors!r}")
-        self._options = _Options(check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
+        self._options = _Options(
+            check_timeout(timeout, "timeout"),
+            _check_path(path),
+            0.0,
+            False,
+            memory_limit=check_memory_limit(memory_limit),
+        )
         idle = check_timeout(idle_timeout, "idle_timeout")
         init_blob = None
         if initializer is not None:
@@ -362,6 +389,7 @@ class PrecompileExecutor(Executor):
             cost=cost,
             costs=costs,
             predicted_s=costs.estimate(cost) * len(calls),
+            memory_limit=opts.memory_limit,
         )
         # A weak reference: the future must not keep its task (and the task its future) alive.
         future.add_done_callback(functools.partial(_on_done, core, weakref.ref(task)))
@@ -471,6 +499,7 @@ class PrecompileExecutor(Executor):
         priority: float | object = ...,
         with_output: bool | object = ...,
         cost: float | None | object = ...,
+        memory_limit: int | None | object = ...,
     ) -> PrecompileExecutor:
         """Return a view of this executor with other per-task settings; it shares the pool.
 
@@ -486,6 +515,8 @@ class PrecompileExecutor(Executor):
             cost: a hint: the seconds a call is expected to take (any consistent scale). It is
                 the prior until this executor has observed the same call; then the observed
                 durations (scaled by how far the hints were off) decide. ``None``: no hint.
+            memory_limit: bytes the task's process group may hold (``None``: no limit); see
+                the constructor.
         """
         opts = self._options
         if timeout is not ...:
@@ -498,6 +529,8 @@ class PrecompileExecutor(Executor):
             opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
         if cost is not ...:
             opts = dataclasses.replace(opts, cost=check_cost(cost))
+        if memory_limit is not ...:
+            opts = dataclasses.replace(opts, memory_limit=check_memory_limit(memory_limit))
         view = PrecompileExecutor.__new__(PrecompileExecutor)
         view._core = self._core
         view._costs = self._costs
@@ -573,6 +606,13 @@ class PrecompileExecutor(Executor):
                 fork_tasks=core.fork_tasks,
                 start=core.effective_start(),
                 start_note=core.start_note(),
+                memory_killed=core.memory_killed,
+                waiting_for_memory=(
+                    min(len(queued), core.max_workers - len(core.in_flight))
+                    if core.memory_blocked
+                    else 0
+                ),
+                memory_reserved=core.hub.memory.reserved(),
             )
 
     def timeline(self) -> tuple[TaskTimeline, ...]:

@@ -46,9 +46,16 @@ from typing import Any, Literal
 from loky.backend import get_context
 
 from . import _process
-from ._errors import TaskTimeoutError, WorkerCrashedError, WorkerStartError, proxy_from_record
+from ._errors import (
+    TaskMemoryError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    WorkerStartError,
+    proxy_from_record,
+)
 from ._fork import fork_task
 from ._jobs import JobPool
+from ._memory import MemoryGuard
 from ._messages import (
     Done,
     Exited,
@@ -158,6 +165,7 @@ class Hub:
         # left 64 idle threads for the process's life).
         self._jobs = JobPool(JOB_THREADS, "precompile-job")
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
+        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump)
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
@@ -302,6 +310,8 @@ class Hub:
             worker.task = task
             task.worker = worker
             task.start(now)
+            if task.memory_limit is not None:
+                self.memory.watch(task, pid, task.memory_limit, fork=True)
             self.workers.add(worker)
             self.conns[conn] = worker
         log.debug("task %d on the fork path, child pid %d", task.id, pid)
@@ -574,6 +584,8 @@ class Hub:
         if doom is not None and doom.reason == "timeout":
             elapsed = doom.at - (task.started_at or doom.at)
             error = TaskTimeoutError(task.timeout or 0.0, elapsed, worker.pid, output)
+        elif doom is not None and doom.reason == "memory":
+            error = TaskMemoryError(task.memory_limit or 0, task.memory_peak, worker.pid, output)
         else:
             error = WorkerCrashedError(worker.pid, code, output, detail=doom.detail if doom else "")
         with self.lock:
@@ -771,6 +783,29 @@ class Hub:
             task = worker.task if worker is not None else None
             if task is not None and task.id == message.task_id and task.state is TaskState.SENT:
                 task.start(time.monotonic())
+                if task.memory_limit is not None and worker is not None:
+                    self.memory.watch(task, worker.pid, task.memory_limit)
+
+    def _memory_exceeded(self, task: Task, pid: int, peak: int) -> None:
+        """The memory watcher saw ``task``'s group past its limit: doom it and kill the group
+        at once, no grace (the machine's memory is at stake); its end of file makes the
+        reaper report :class:`TaskMemoryError`. Watcher thread, no lock held."""
+        with self.lock:
+            worker = task.worker
+            if task.state is not TaskState.STARTED or task.doom is not None:
+                return
+            if worker is None or worker.pid != pid:
+                return
+            task.doom = Doom("memory", time.monotonic())
+            task.memory_peak = peak
+        log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
+        self._submit_job(_process.kill_group, pid, 0.0)
+
+    def _repump(self, core: Any) -> None:
+        """Memory may have freed: let ``core``'s queue go on (memory watcher, no lock held)."""
+        with self.lock:
+            actions = core.pump()
+        self.run(actions)
 
     def _done(self, conn: Connection, message: Done) -> None:
         actions: list[Action] = []
