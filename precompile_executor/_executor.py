@@ -19,7 +19,9 @@ Data flow::
       └── fork ───► os.fork() child: register with the guardian, setsid, run, send Done, _exit
                                   │
     Hub monitor thread ◄──────────┘ one thread waits on every socket:
-      Started → the task's clock starts (its deadline counts from here)
+      Started → the task's clock starts (its deadline counts from here); with a
+                memory_limit the memory watcher samples its group (past it: killed →
+                TaskMemoryError)
       Done    → task closed, its Started→Done time recorded in its cost model; the settle
                 pool unpickles the result or rebuilds the exception (a RemoteError proxy) and
                 sets the future (then, once nothing is left to do, saves the cost history)

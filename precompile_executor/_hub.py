@@ -17,9 +17,13 @@ Threads and what they own:
   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
   the user's done-callbacks) to the settle threads. It alone closes worker sockets.
-* **job pool** (bounded): starts workers, kills process groups, reaps dead workers and reports
-  their tasks, stops workers.
-* **settle threads** (a fixed few, fed by a queue): unpickle results and set futures.
+* **job pool** (bounded, :class:`._jobs.JobPool`): starts workers, kills process groups, reaps
+  dead workers and reports their tasks, stops workers.
+* **settle threads** (at most a few, a ``JobPool`` too): unpickle results and set futures.
+* **memory watcher** (:mod:`._memory`, while a task with a ``memory_limit`` runs or waits):
+  samples those tasks' process groups; one past its limit is doomed and killed by a job.
+
+Only the monitor lives for the process's life: idle job, settle and watcher threads end.
 * callers' threads: submit, decide under ``lock`` and run the resulting actions.
 
 ``lock`` guards every task, worker handle and executor core (one lock: a task's state and its
