@@ -248,6 +248,7 @@ class Core:
         actions: list[Action] = []
         if self.held:
             return actions
+        blocked = False  # the head that would start now waits for memory
         while _scheduler.free_slots(self.max_workers, len(self.in_flight)):
             spawn, fork = self._head("spawn"), self._head("fork")
             if spawn is not None and not self.idle:
@@ -260,8 +261,10 @@ class Core:
             if path is None:
                 break
             head = spawn if path == "spawn" else fork
-            if not self._memory_admits(head):
-                break  # the head waits for memory; nothing passes it (priority order holds)
+            limit = head.memory_limit if head is not None else None
+            if limit is not None and not self.hub.memory.admits(limit):
+                blocked = True  # nothing passes it: priority order holds
+                break
             _, task = heapq.heappop(self.queues[path])
             if not self.claim(task):
                 task.close()
@@ -282,21 +285,16 @@ class Core:
                 task.send_to(worker, now)
                 self.spawn_tasks += 1
                 actions.append(Send(worker, task))
+        if blocked != self.memory_blocked:
+            # While blocked, the memory watcher pumps this core every round: memory freed by
+            # another executor or program lets the queue go on (_memory.py).
+            self.memory_blocked = blocked
+            self.hub.memory.wait_for_memory(self, blocked)
         actions += self._start_workers()
         if self.shutdown and not self.queued():
             actions += self._release_idle()
         self.changed.notify_all()
         return actions
-
-    def _memory_admits(self, task: Task | None) -> bool:
-        """Whether ``task`` may start as far as memory goes (:func:`._scheduler.fits_in_memory`);
-        while it may not, the hub's memory watcher pumps this core again every round."""
-        limit = task.memory_limit if task is not None else None
-        fits = limit is None or self.hub.memory.admits(limit)
-        if self.memory_blocked != (not fits):
-            self.memory_blocked = not fits
-            self.hub.memory.wait_for_memory(self, not fits)
-        return fits
 
     def _take_idle(self) -> WorkerHandle:
         if not self.devices:

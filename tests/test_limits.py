@@ -275,3 +275,29 @@ def test_fits_in_memory(
     limit: int, running: list[tuple[int, int]], available: int, fits: bool
 ) -> None:
     assert fits_in_memory(limit, running, available) is fits
+
+
+def _memory_watcher_alive() -> bool:
+    return any(t.name == "precompile-memory" for t in threading.enumerate())
+
+
+def test_a_limit_larger_than_the_free_memory_runs_one_at_a_time_and_never_stalls() -> None:
+    limit = 2 * psutil.virtual_memory().total
+    with PrecompileExecutor(3, memory_limit=limit) as ex:
+        futures = [ex.submit(helpers.hold_memory, MIB, 0.3) for _ in range(3)]
+        spans = [f.result(timeout=60)[1:] for f in futures]
+        assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) == 1
+        # queued behind a running one, then cancelled: nothing waits for memory any more
+        running = ex.submit(helpers.hold_memory, MIB, 1.0)
+        queued = [ex.submit(helpers.hold_memory, MIB, 1.0) for _ in range(2)]
+        end = time.monotonic() + 30
+        while ex.statistics().waiting_for_memory < 1 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert ex.statistics().waiting_for_memory >= 1
+        assert all(f.cancel() for f in queued)
+        assert running.result(timeout=60)
+    end = time.monotonic() + 30
+    while _memory_watcher_alive() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _memory_watcher_alive()  # it ends once nothing is watched or waiting
+    assert ex.statistics().waiting_for_memory == 0
