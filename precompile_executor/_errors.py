@@ -256,6 +256,19 @@ class WorkerStartError(BrokenExecutor):
     """
 
 
+AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
+"""``submit()`` on a shut-down executor or view: the stdlib pools' ``RuntimeError`` message."""
+
+
+def unpickle_error(exc: BaseException) -> ResultSerializationError:
+    """The error of a task whose value came back but would not unpickle in the caller (every
+    backend: the value crossed the wire fine, the caller lacks what it needs to rebuild it)."""
+    return ResultSerializationError(
+        f"the task's result could not be unpickled in the parent: {type(exc).__name__}: {exc}. "
+        "Return plain data, or make its class importable in the caller."
+    )
+
+
 class CudaInForkError(RuntimeError):
     """A task on the fork path tried to initialize CUDA in the forked child."""
 
@@ -395,6 +408,7 @@ def record_from_exception(
 
 
 __all__ = [
+    "AFTER_SHUTDOWN",
     "Classification",
     "CudaInForkError",
     "ErrorRecord",
@@ -408,4 +422,5 @@ __all__ = [
     "proxy_from_record",
     "record_from_exception",
     "signal_name",
+    "unpickle_error",
 ]

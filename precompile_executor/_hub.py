@@ -59,7 +59,7 @@ from ._errors import (
 )
 from ._fork import fork_task
 from ._jobs import JobPool
-from ._memory import MemoryGuard
+from ._memory import MemoryGuard, anon_bytes
 from ._messages import (
     Done,
     Exited,
@@ -160,7 +160,7 @@ class Hub:
         self._template_deaths: dict[bytes, int] = {}
         self._exit_codes: dict[int, int] = {}  # template-forked workers' exit codes, by pid
         self.workers: set[WorkerHandle] = set()  # every worker not yet dead
-        self.cores: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.cores: weakref.WeakSet[Owner] = weakref.WeakSet()  # drained and aborted at exit
         self.closed = False
         self.exiting = False  # the interpreter is exiting: no new tasks
         self._capture_ids = iter(range(1, 1 << 62))
@@ -240,6 +240,28 @@ class Hub:
         if pool and worker in pool:
             pool.remove(worker)
 
+    def stop_idle(self, key: bytes | None = None) -> int:
+        """Stop the pooled idle workers of ``key`` (every key: ``None``) and the warm templates
+        no live worker came from; return how many workers (no lock held)."""
+        with self.lock:
+            keys = [key] if key is not None else list(self.pool)
+            victims = [w for k in keys for w in self.pool.pop(k, []) if w.state == "idle"]
+            # Spares still starting (no executor holds them) would join the pool right after.
+            victims += [
+                w
+                for w in self.workers
+                if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
+            ]
+            for worker in victims:
+                self.forget(worker)
+            # A warm template no live worker came from is only memory now: stop it too.
+            in_use = {w.template_key for w in self.workers if w.kind == "spawn"}
+            templates = [t for k, t in self.templates.items() if k not in in_use and not t.pending]
+            for template in templates:
+                self.forget(template)
+        self.run([StopWorker(w, kill=False) for w in victims + templates])
+        return len(victims)
+
     # -- running actions (no lock held) --------------------------------------------------------
 
     def run(self, actions: Iterable[Action]) -> None:
@@ -291,6 +313,8 @@ class Hub:
         assert task.calls is not None
         worker = WorkerHandle("fork", b"", self.new_capture_path())
         worker.owner = task.owner
+        # What the child starts with is the caller's: its memory charge counts from here.
+        anon_at_fork = anon_bytes(os.getpid()) if task.memory_limit is not None else 0
         try:
             pid, conn = fork_task(
                 task.id,
@@ -315,7 +339,7 @@ class Hub:
             task.worker = worker
             task.start(now)
             if task.memory_limit is not None:
-                self.memory.watch(task, pid, task.memory_limit, fork=True)
+                self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
             self.workers.add(worker)
             self.conns[conn] = worker
         log.debug("task %d on the fork path, child pid %d", task.id, pid)

@@ -17,8 +17,10 @@ limit would have to include them), and its PSS changes with how many siblings ex
 (``smaps_rollup`` every round) costs milliseconds per process per sample — 77 ms for a 300 MB
 process on a loaded 2-core machine — far too slow for a 50 ms check. What the cheap form misses:
 a template page the task writes to (copied on write: the RSS does not change) is not charged.
-A fork-path child shares the caller's pages likewise: its ``shared`` is its whole RSS when first
-seen.
+A fork-path child shares the caller's pages likewise; there the leader counts its anonymous
+resident memory less the caller's at the fork (``statm``: a fork copies the page tables of
+anonymous memory, so the child starts with exactly the caller's), and ``smaps_rollup`` — whose
+cost grows with the caller — is never read.
 
 **Admission.** A task with a limit starts only while the tasks with limits already running,
 each counted at its limit less what it holds now, plus this one fit in the memory the machine
@@ -58,6 +60,16 @@ def rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def anon_bytes(pid: int) -> int:
+    """Anonymous resident memory of ``pid`` (``statm``: resident less file-backed and shmem)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -108,13 +120,13 @@ def group_rss(pid: int) -> int:
 
 
 class _Watched:
-    __slots__ = ("fork", "key", "last", "limit", "peak", "pid", "shared")
+    __slots__ = ("fork_anon", "key", "last", "limit", "peak", "pid", "shared")
 
-    def __init__(self, key: Any, pid: int, limit: int, fork: bool) -> None:
+    def __init__(self, key: Any, pid: int, limit: int, fork_anon: int | None) -> None:
         self.key = key
         self.pid = pid
         self.limit = limit
-        self.fork = fork  # a fork-path child: everything it holds when first seen is the caller's
+        self.fork_anon = fork_anon  # a fork-path child: the caller's anonymous memory at the fork
         self.shared: int | None = None  # measured on the watcher thread, before the first check
         self.last = 0  # the latest charge
         self.peak = 0
@@ -167,10 +179,11 @@ class MemoryGuard:
         self._reserved.pop(key, None)
         self._watched.pop(key, None)
 
-    def watch(self, key: Any, pid: int, limit: int, *, fork: bool = False) -> None:
-        """``key`` started in the group of ``pid`` (``fork``: a fork-path child): sample it from
-        now on (lock held)."""
-        self._watched[key] = _Watched(key, pid, limit, fork)
+    def watch(self, key: Any, pid: int, limit: int, *, fork_anon: int | None = None) -> None:
+        """``key`` started in the group of ``pid``: sample it from now on (lock held).
+        ``fork_anon``: ``pid`` is a fork-path child, forked when the caller held that much
+        anonymous memory (:func:`anon_bytes` just before the fork)."""
+        self._watched[key] = _Watched(key, pid, limit, fork_anon)
         self._ensure_thread()
 
     def wait_for_memory(self, core: Any, waiting: bool) -> None:
@@ -214,9 +227,14 @@ class MemoryGuard:
             time.sleep(max(0.0, SAMPLE_INTERVAL_S - (time.monotonic() - round_start)))
 
     def _sample(self, entry: _Watched) -> None:
-        if entry.shared is None:
-            entry.shared = rss_bytes(entry.pid) if entry.fork else shared_bytes(entry.pid)
-        charge = max(0, group_rss(entry.pid) - entry.shared)
+        if entry.fork_anon is not None:
+            members = group_members(entry.pid)
+            leader = anon_bytes(entry.pid) - entry.fork_anon
+            charge = max(0, leader + sum(rss_bytes(m) for m in members[1:]))
+        else:
+            if entry.shared is None:
+                entry.shared = shared_bytes(entry.pid)
+            charge = max(0, group_rss(entry.pid) - entry.shared)
         entry.last = charge
         entry.peak = max(entry.peak, charge)
         if charge > entry.limit:

@@ -58,7 +58,8 @@ class Doom(NamedTuple):
 
 
 class Owner(Protocol):
-    """What the hub asks of the executor core that owns tasks and workers (lock held)."""
+    """What the hub asks of the executor core that owns tasks and workers: its reports (lock
+    held), and at interpreter exit :meth:`drain_at_exit` and :meth:`abort` (no lock held)."""
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]: ...
 
@@ -77,6 +78,10 @@ class Owner(Protocol):
     def worker_failed_to_start(
         self, worker: WorkerHandle, error: BaseException
     ) -> list[Action]: ...
+
+    def drain_at_exit(self) -> None: ...
+
+    def abort(self, reason: str) -> None: ...
 
 
 _task_ids = itertools.count(1)

@@ -49,7 +49,7 @@ from .. import (
 )
 from .. import wait_for_all as _executor_wait_for_all
 from ..gpu import SharedArgs, run_once, share_args
-from . import _seam
+from . import _installed
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
@@ -206,7 +206,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
     ours = [f for f in futures if isinstance(f, HelionFuture) and f.ok is None]
     native = [f for f in futures if not isinstance(f, HelionFuture) and f.ok is None]
     if native:  # not created by us (e.g. installed mid-batch): Helion's own wait handles them
-        _seam.original_wait_for_all()(native, None)
+        _installed.original_wait_for_all()(native, None)
     progress = iter_with_progress(
         range(len(futures)), total=len(futures), description=desc, enabled=desc is not None
     )
@@ -215,7 +215,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
         next(progress, None)
     if ours:
         with _shared_args(ours) as shared:
-            _run(_seam.current_executor(), ours, shared, progress)
+            _run(_installed.current_executor(), ours, shared, progress)
     result = []
     for f in futures:
         assert f.ok is not None

@@ -23,6 +23,7 @@ import os
 import threading
 
 from .. import PrecompileExecutor
+from . import _installed
 
 log = logging.getLogger("precompile_executor.helion")
 
@@ -73,11 +74,9 @@ def start_default_warm_up() -> None:
     """Start warming the default executor in the background (once; a no-op if it is not the
     executor in use)."""
     global _warming
-    from . import _seam
-
     with _lock:
         executor = _default
-        if executor is None or _warming is not None or not _seam.uses(executor):
+        if executor is None or _warming is not None or not _installed.uses(executor):
             return
         _warming = threading.Thread(
             target=_warm_up,
