@@ -27,6 +27,7 @@ fails, Triton's final launch raises it. Nothing failed is ever compiled again in
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import logging
@@ -36,7 +37,6 @@ from typing import Any
 
 from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
-from triton.runtime.driver import driver
 
 from ._async import TritonCompileExecutor
 from ._kernel_ref import unwrap_jit_function
@@ -223,11 +223,10 @@ class Tune:
                 )
         finally:
             _async_compile.active_mode.reset(token)
-        cache = _kernel_cache(self.autotuner)
         for one in compiled:
             kernel = one.kernel
             future = kernel.future if isinstance(kernel, FutureKernel) else None
-            key = _key_of(cache, kernel) if future is not None else None
+            cache, key = jit_cache_slot(kernel) if future is not None else (None, None)
             self._entries[one.config] = _Entry(one, future, cache, key)
             if one.error is not None:
                 logger.debug(
@@ -324,17 +323,25 @@ class Tune:
                 del entry.cache[entry.key]
 
 
-def _kernel_cache(autotuner: Any) -> dict[Any, Any] | None:
-    """Return the JIT's in-memory kernel cache for the current device."""
-    jit = unwrap_jit_function(autotuner)
-    caches = jit.device_caches.get(driver.active.get_current_device())
-    return caches[0] if caches else None
+def jit_cache_slot(future_kernel: Any) -> tuple[dict[Any, Any] | None, Any]:
+    """Return the JIT's in-memory kernel cache and key that ``future_kernel`` finalizes into.
 
-
-def _key_of(cache: dict[Any, Any] | None, kernel: Any) -> Any:
-    if cache is None:
-        return None
-    return next((key for key, value in cache.items() if value is kernel), None)
+    ``JITFunction._do_compile`` (3.6 to 3.9) gives each ``FutureKernel`` a ``finalize_compile``
+    closure over ``kernel_cache`` and ``key``; it is the only place both versions keep them
+    (3.9 also puts the ``FutureKernel`` itself in the cache, 3.6 does not).
+    """
+    finalize = getattr(future_kernel, "finalize_compile", None)
+    code = getattr(finalize, "__code__", None)
+    cells = getattr(finalize, "__closure__", None) or ()
+    captured: dict[str, Any] = {}
+    if code is not None:
+        for name, cell in zip(code.co_freevars, cells, strict=False):
+            with contextlib.suppress(ValueError):  # an empty cell has no contents
+                captured[name] = cell.cell_contents
+    cache = captured.get("kernel_cache")
+    if not isinstance(cache, dict) or "key" not in captured:
+        return None, None
+    return cache, captured["key"]
 
 
 def _name(autotuner: Any) -> str:
