@@ -16,7 +16,8 @@ A backend is two small pieces:
   backend and calls ``BaseExecutor.__init__(self, backend, TaskOptions(...))``, and which
   implements :meth:`BaseExecutor._send`: send one task (a call, or a chunk of calls) and return
   its future. Optional: :meth:`BaseExecutor._prepare_map` (work done once per ``map``),
-  :meth:`BaseExecutor._check_path`, and ``CHUNKS = False`` for a backend that sends each call
+  :meth:`BaseExecutor._check_path`, :meth:`BaseExecutor._check_memory_limit` (a backend that
+  enforces limits), and ``CHUNKS = False`` for a backend that sends each call
   of a ``map`` as its own task whatever ``chunksize`` says.
 
 A subclass keeps no attribute of its own: what it needs is in its backend (shared with its views)
@@ -243,6 +244,15 @@ class BaseExecutor(Executor, Generic[B]):
         """Validate ``options(path=...)``; a backend that cannot fork narrows it."""
         return check_path(value)
 
+    def _check_memory_limit(self, value: object) -> int | None:
+        """Validate ``options(memory_limit=...)``; a backend that enforces limits overrides it."""
+        if value is None:
+            return None
+        raise TypeError(
+            f"{type(self).__name__} does not enforce memory_limit (PrecompileExecutor does); "
+            "pass None or leave it out"
+        )
+
     def options(
         self,
         *,
@@ -251,6 +261,7 @@ class BaseExecutor(Executor, Generic[B]):
         priority: float | object = ...,
         with_output: bool | object = ...,
         cost: float | None | object = ...,
+        memory_limit: int | None | object = ...,
     ) -> Self:
         """Return a view of this executor with other per-task settings; it shares the pool.
 
@@ -266,6 +277,8 @@ class BaseExecutor(Executor, Generic[B]):
             cost: a hint: the seconds a call is expected to take (any consistent scale). Among
                 equal priorities the longest starts first; a backend that learns durations uses
                 it as the prior until it has observed the same call. ``None``: no hint.
+            memory_limit: bytes the task's process group may hold (``None``: no limit), where
+                the backend enforces it (``PrecompileExecutor``: see its constructor).
         """
         changes: dict[str, Any] = {}
         if timeout is not ...:
@@ -278,6 +291,8 @@ class BaseExecutor(Executor, Generic[B]):
             changes["with_output"] = check_flag(with_output, "with_output")
         if cost is not ...:
             changes["cost"] = check_cost(cost)
+        if memory_limit is not ...:
+            changes["memory_limit"] = self._check_memory_limit(memory_limit)
         view = object.__new__(type(self))
         BaseExecutor.__init__(
             view, self._backend, dataclasses.replace(self._options, **changes), self._base()

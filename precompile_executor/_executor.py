@@ -36,7 +36,6 @@ returns idle workers to it, and the next executor with the same initializer reus
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -324,25 +323,9 @@ class PrecompileExecutor(BaseExecutor[Core]):
                 costs = _shared_model(estimate.history)
         return CostKey(function, features, prior), costs
 
-    def options(
-        self,
-        *,
-        timeout: float | None | object = ...,
-        path: Path | object = ...,
-        priority: float | object = ...,
-        with_output: bool | object = ...,
-        cost: float | None | object = ...,
-        memory_limit: int | None | object = ...,
-    ) -> PrecompileExecutor:
-        """The shared layer's :meth:`~._base.BaseExecutor.options`, and ``memory_limit``: bytes
-        the task's process group may hold (``None``: no limit); see the constructor."""
-        view = super().options(
-            timeout=timeout, path=path, priority=priority, with_output=with_output, cost=cost
-        )
-        if memory_limit is not ...:
-            limit = check_memory_limit(memory_limit)
-            view._options = dataclasses.replace(view._options, memory_limit=limit)
-        return view
+    def _check_memory_limit(self, value: object) -> int | None:
+        """``memory_limit``: this backend enforces it (see the constructor)."""
+        return check_memory_limit(value)
 
     # -- workers ---------------------------------------------------------------------------------
 
