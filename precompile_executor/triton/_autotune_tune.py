@@ -180,17 +180,29 @@ class Tune:
         configs: the pruned configs, once ``prune_configs`` has run.
     """
 
+    # One is made per launch of an autotuned kernel while the mode is on: keep it small.
+    __slots__ = (
+        "_adapter",
+        "_args",
+        "_entries",
+        "_executor",
+        "_kwargs",
+        "_logged",
+        "autotuner",
+        "configs",
+    )
+
     def __init__(
         self, autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> None:
         self.autotuner = autotuner
         self.configs: list[Any] | None = None
         self._executor = executor
-        self._args = tuple(args)
-        self._kwargs = {k: v for k, v in kwargs.items() if k not in _LAUNCH_ONLY}
+        self._args = args
+        self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
         self._adapter: TritonCompileExecutor | None = None
         self._entries: dict[Any, _Entry] = {}
-        self._logged: set[int] = set()
+        self._logged: set[int] | None = None
 
     def covers(self, config: Any) -> bool:
         """Return whether ``config`` is one of this tune's pruned configs."""
@@ -224,9 +236,8 @@ class Tune:
             # Queue every config before any starts, so the executor starts the longest
             # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
             with holding_batch(executor):
-                compiled = compile_configs(
-                    self.autotuner, self._args, self._kwargs, configs, adapter
-                )
+                kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
+                compiled = compile_configs(self.autotuner, self._args, kwargs, configs, adapter)
         finally:
             _async_compile.active_mode.reset(token)
         for one in compiled:
@@ -294,6 +305,8 @@ class Tune:
         return bench(entry.config)
 
     def _log_isolated(self, entry: _Entry, exc: BaseException) -> None:
+        if self._logged is None:
+            self._logged = set()
         if id(entry.future) in self._logged:
             return
         self._logged.add(id(entry.future))
