@@ -114,13 +114,30 @@ def asm_jit(x_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
 
 
 class FakeTensor:
-    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address."""
+    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address.
 
-    def __init__(self, dtype: Any) -> None:
+    ``zero_``, ``clone`` and ``copy_`` (what ``reset_to_zero``/``restore_value`` call) are
+    recorded in ``log``.
+    """
+
+    def __init__(self, dtype: Any, log: list[str] | None = None) -> None:
         self.dtype = dtype
+        self.log = log if log is not None else []
 
     def data_ptr(self) -> int:
         return 1 << 20
+
+    def zero_(self) -> FakeTensor:
+        self.log.append("zero_")
+        return self
+
+    def clone(self) -> FakeTensor:
+        self.log.append("clone")
+        return FakeTensor(self.dtype, self.log)
+
+    def copy_(self, other: FakeTensor) -> FakeTensor:
+        self.log.append("copy_")
+        return self
 
 
 class DryRunGPU(CompileOnlyDriver):
@@ -411,6 +428,48 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
 
 
 @pytest.mark.timeout(180)
+def test_hooks_resets_and_restores_run_as_in_stock_triton(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    def autotune_once(dry_gpu: DryRunGPU, in_workers: bool) -> tuple[list[Any], Any]:
+        events: list[Any] = []
+        configs = [
+            triton.Config({"BLOCK": 128}, num_warps=4),
+            triton.Config(
+                {"BLOCK": 256}, num_warps=4, pre_hook=lambda nargs: events.append("config hook")
+            ),
+            triton.Config({"BLOCK": 512}, num_warps=8),
+        ]
+        x, out = FakeTensor(tl.float32, events), FakeTensor(tl.float32, events)
+        kernel = triton.autotune(
+            configs=configs,
+            key=["n"],
+            reset_to_zero=["out_ptr"],
+            restore_value=["x_ptr"],
+            do_bench=Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+        )(double_jit)
+        if in_workers:
+            with pe_autotune.use(executor):
+                kernel[GRID](x, out, 4096)
+        else:
+            kernel[GRID](x, out, 4096)
+        timings = {str(c): t for c, t in kernel.configs_timings.items()}
+        return sorted(events), (str(kernel.best_config), timings, dry_gpu.launches[-1])
+
+    ours = autotune_once(gpu, in_workers=True)
+    stock_gpu = DryRunGPU()  # a fresh device: stock compiles (from the disk cache) in-process
+    driver.set_active(stock_gpu)
+    try:
+        stock = autotune_once(stock_gpu, in_workers=False)
+    finally:
+        driver.set_active(gpu)
+        double_jit.device_caches.pop(stock_gpu.device, None)
+    assert ours == stock
+    assert ours[0].count("zero_") == 4  # once per config, once more to reset after tuning
+    assert ours[0].count("config hook") == 2  # its benchmark, and the call that used it
+
+
+@pytest.mark.timeout(180)
 def test_cache_results_a_disk_hit_compiles_nothing(
     executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
 ) -> None:
@@ -545,6 +604,25 @@ def test_when_every_compile_crashes_the_call_raises_the_crash_and_the_caller_liv
         kernel[GRID](*_double_args())
     assert bench.calls == [] and gpu.launches == []  # nothing crashed was launched
     assert compile_log.events == []  # nor compiled here, which would have killed this process
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_the_benchmarks_stops_every_compile_of_the_tune(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    def interrupted(kernel_call: Callable[[], None], quantiles: Any = None) -> list[float]:
+        raise KeyboardInterrupt
+
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=interrupted)(double_jit)
+    with pe_autotune.use(executor), pytest.raises(KeyboardInterrupt):
+        kernel[GRID](*_double_args(8192))
+    stats = executor.statistics()
+    assert (stats.queued, stats.running) == (0, 0)  # cancelled or killed, not left running
+    assert not kernel.cache  # Triton learnt nothing from the interrupted tune
+    assert all(
+        type(v).__name__ == "CompiledKernel"
+        for v in double_jit.device_caches[gpu.device][0].values()
+    )  # no stand-in or unfinished compile left in the JIT's memory
 
 
 def test_the_public_surface_is_documented() -> None:
