@@ -526,6 +526,8 @@ class Core:
         finally:
             with self.lock:
                 self.unsettled -= 1
+                if task.origin is not None:
+                    task.origin.discard(task)
                 save: list[CostModel] = []
                 if self.learned and not self.busy():
                     save, self.learned = list(self.learned), set()
