@@ -56,7 +56,7 @@ from ._costs import function_key as _function_key
 from ._costs import shared_model as _shared_model
 from ._errors import Classification, SerializationError
 from ._hub import current_hub, get_hub
-from ._state import StopWorker, Task, TaskState
+from ._state import Task, TaskState
 from ._validate import (
     check_buffersize,
     check_chunksize,
@@ -760,20 +760,7 @@ def stop_idle_workers(key: bytes | None = None) -> int:
     Workers held by a live executor are not touched; use ``executor.terminate_workers()``.
     """
     hub = current_hub()
-    if hub is None:
-        return 0
-    with hub.lock:
-        keys = [key] if key is not None else list(hub.pool)
-        victims = [w for k in keys for w in hub.pool.pop(k, []) if w.state == "idle"]
-        for worker in victims:
-            hub.forget(worker)
-        # A warm template no live worker came from is only memory now: stop it too.
-        in_use = {w.template_key for w in hub.workers if w.kind == "spawn"}
-        templates = [t for k, t in hub.templates.items() if k not in in_use and not t.pending]
-        for template in templates:
-            hub.forget(template)
-    hub.run([StopWorker(w, kill=False) for w in victims + templates])
-    return len(victims)
+    return 0 if hub is None else hub.stop_idle(key)
 
 
 def kill_running_futures(futures: Iterable[Future[Any]]) -> None:
