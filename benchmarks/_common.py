@@ -44,6 +44,8 @@ class Context:
         started: ``time.monotonic()`` at the start of the run (the clock is system-wide).
         out: the output directory (for a scenario's own figures, e.g. a Gantt chart).
         contention: also measure fewer workers than cores and pinned workers (scenario 7).
+        against: the revision scenario 9 compares this tree with.
+        key: the scenario's key (``s1``...), for its progress lines.
     """
 
     quick: bool
@@ -56,6 +58,8 @@ class Context:
     started: float = dataclasses.field(default_factory=time.monotonic)
     out: Path | None = None
     contention: bool = False
+    against: str = "333c6ad"
+    key: str = ""
     _dirs: int = 0
 
     def fresh_dir(self, label: str) -> str:

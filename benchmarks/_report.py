@@ -19,7 +19,46 @@ class Table:
     rows: list[list[str]] = dataclasses.field(default_factory=list)
 
     def add(self, *cells: Any) -> None:
-        self.rows.append([str(c) for c in cells])
+        self.rows.append([cell(c) for c in cells])
+
+    @classmethod
+    def of(cls, title: str, rows: list[dict[str, Any]]) -> Table:
+        """A table of ``rows``: the first row's keys are the columns, values go through
+        :func:`cell`."""
+        table = cls(title, list(rows[0]) if rows else [])
+        for row in rows:
+            table.add(*row.values())
+        return table
+
+
+def cell(value: Any) -> str:
+    """A table cell: floats with two decimals, NaN and ``None`` as a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def intro(doc: str | None) -> str:
+    """A scenario module's docstring without its first line, as one paragraph."""
+    return " ".join((doc or "").split("\n\n", 1)[-1].split())
+
+
+def bars(
+    title: str,
+    labels: list[str],
+    series: dict[str, tuple[list[float], str]],
+    xlabel: str = "wall seconds",
+    **options: Any,
+) -> dict[str, Any]:
+    """A plot panel (see :func:`plot`): one bar group per label, one bar per series."""
+    spec = {"title": title, "labels": labels, "xlabel": xlabel, **options}
+    spec["series"] = [(name, values, color) for name, (values, color) in series.items()]
+    return spec
+
+
+def colors(labels: list[str]) -> list[str]:
+    """Orange for this library's bars, blue for the others'."""
+    return ["tab:orange" if n.startswith(("Precompile", "ours")) else "tab:blue" for n in labels]
 
 
 @dataclasses.dataclass
@@ -200,9 +239,10 @@ def plot(sections: list[Section], info: dict[str, str], path: Path) -> bool:
 
 def _panel(ax: Any, spec: dict[str, Any], title: str) -> None:
     labels = spec["labels"]
-    series = spec.get("series") or [
-        ("", spec["values"], spec.get("colors") or ["tab:blue"] * len(labels))
-    ]
+    series = spec.get("series")
+    if not series or len(series) == 1 and not series[0][0]:
+        values = series[0][1] if series else spec["values"]
+        series = [("", values, spec.get("colors") or colors(labels))]
     height = 0.8 / len(series)
     fmt = spec.get("fmt", "{:.2f}")
     for k, (name, values, color) in enumerate(series):

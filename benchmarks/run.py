@@ -64,6 +64,7 @@ SCENARIOS = {
     "s6": "benchmarks.s6_scaling",
     "s7": "benchmarks.s7_ordering",
     "s8": "benchmarks.s8_starts",
+    "s9": "benchmarks.s9_versus",
 }
 
 EXIT_FAILED = 1
@@ -91,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
         "--contention",
         action="store_true",
         help="s7: also measure fewer workers than cores, and workers pinned to cores",
+    )
+    p.add_argument(
+        "--against",
+        default="333c6ad",
+        help="s9: the git revision to compare with (default: 333c6ad, v0.1)",
     )
     p.add_argument("--_scenario", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_state", default=None, help=argparse.SUPPRESS)
@@ -296,6 +302,8 @@ def _scenario_process(args: argparse.Namespace) -> int:
         started=args._t0 if args._t0 is not None else time.monotonic(),
         out=Path(args.out).resolve(),
         contention=args.contention,
+        against=args.against,
+        key=key,
     )
     ctx.tmp.mkdir()
     shared_path = state / "shared.json"

@@ -29,23 +29,28 @@ from typing import Any
 import triton
 
 import precompile_executor as pe
-from precompile_executor.triton import TensorSpec, launch, warm
+from precompile_executor.triton import TensorSpec, launch, triton_prior_s, warm
 
 from . import _batch, _pools, gantt
 from ._common import Context, median, spread
-from ._kernels import (
-    Config,
-    compile_config,
-    compile_config_costed,
-    configs,
-    matmul,
-    triton_cache_dir,
-    warm_compile,
-)
+from ._kernels import Config, compile_config, configs, matmul, triton_cache_dir, warm_compile
 from ._report import Section, Table, Target
 from ._tasks import import_torch_triton, import_torch_triton_pinned
 
 HISTORY_ENV = "PRECOMPILE_EXECUTOR_COST_HISTORY"
+
+
+def _config_estimate(cfg: Config, cache_dir: str) -> pe.Estimate:
+    bm, bn, bk, stages, warps = cfg
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    return pe.Estimate(seconds=triton_prior_s(blocks, num_warps=warps, num_stages=stages))
+
+
+@pe.estimated_cost(_config_estimate)
+def compile_config_costed(cfg: Config, cache_dir: str) -> dict[str, Any]:
+    """``compile_config`` declaring its prior cost (the Triton config prior) to the executor, as a
+    compile function written for the executor does; the caller passes no hint."""
+    return compile_config(cfg, cache_dir)
 
 
 def _map_run(

@@ -33,20 +33,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import shutil
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from . import _process
 from ._errors import TaskTimeoutError, WorkerCrashedError, WorkerStartError, proxy_from_record
 from ._fork import fork_task
+from ._jobs import JobPool
 from ._messages import (
     Done,
     Exited,
@@ -85,10 +85,12 @@ WORKER_START_TIMEOUT_S = 600.0
 on a loaded machine) before it counts as failed."""
 
 JOB_THREADS = 64
-"""Background job threads: kills wait out a grace period each, so many may run at once."""
+"""Most background job threads at once: kills wait out a grace period each, so many may run
+at once. Idle ones end (:mod:`._jobs`): only the monitor stays for the process's life."""
 
 SETTLE_THREADS = 4
-"""Threads that decode results and set futures; a slow done-callback holds only one."""
+"""Most threads decoding results and setting futures at once; a slow done-callback holds only
+one. Idle ones end, like the job threads."""
 
 
 class Hub:
@@ -111,16 +113,10 @@ class Hub:
         self.closed = False
         self.exiting = False  # the interpreter is exiting: no new tasks
         self._capture_ids = iter(range(1, 1 << 62))
-        self._jobs = ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="precompile-job")
-        # Settling is one small job per task: a plain queue and threads of our own cost less per
-        # task than a ThreadPoolExecutor (no Future, no Condition per job).
-        self._settle_queue: queue.SimpleQueue[tuple[Task, Any] | None] = queue.SimpleQueue()
-        self._settlers = [
-            threading.Thread(target=self._settle_loop, name=f"precompile-settle-{i}", daemon=True)
-            for i in range(SETTLE_THREADS)
-        ]
-        for thread in self._settlers:
-            thread.start()
+        # Both pools start threads on demand and let idle ones end (tests/test_limits.py: a
+        # burst of kills must not leave 64 idle threads for the process's life).
+        self._jobs = JobPool(JOB_THREADS, "precompile-job")
+        self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
         self.monitor = Monitor(self.address, self)
         # threading's exit hooks run last-registered first, before atexit's and before the
         # thread pools are joined: registered after the import of ThreadPoolExecutor, ours runs
@@ -146,6 +142,7 @@ class Hub:
         *,
         start: Literal["template", "interpreter"] = "interpreter",
         template_key: bytes = b"",
+        max_tasks: int | None = None,
     ) -> WorkerHandle:
         """Register a spawn worker in state ``starting`` (``lock`` held); launch it with
         a :class:`Launch` action."""
@@ -158,6 +155,7 @@ class Hub:
             start=start,
             template_key=template_key,
         )
+        worker.max_tasks = max_tasks
         worker.owner = owner
         self.register_starting(worker)
         return worker
@@ -185,6 +183,12 @@ class Hub:
         with self.lock:
             keys = [key] if key is not None else list(self.pool)
             victims = [w for k in keys for w in self.pool.pop(k, []) if w.state == "idle"]
+            # Spares still starting (no executor holds them) would join the pool right after.
+            victims += [
+                w
+                for w in self.workers
+                if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
+            ]
             for worker in victims:
                 self.forget(worker)
             in_use = {w.template_key for w in self.workers if w.kind == "spawn"}
@@ -226,22 +230,10 @@ class Hub:
             fn(*args)
 
     def _settle(self, task: Task, outcome: Any) -> None:
-        if self.closed and not any(t.is_alive() for t in self._settlers):
-            task.owner.settle(task, outcome)  # the settle threads are gone: do it here
-        else:
-            self._settle_queue.put((task, outcome))
-
-    def _settle_loop(self) -> None:
-        while True:
-            item = self._settle_queue.get()
-            if item is None:
-                return
-            task, outcome = item
-            try:
-                task.owner.settle(task, outcome)
-            except BaseException:  # noqa: BLE001 - settle never raises; never lose this thread
-                log.exception("settling task %d raised", task.id)
-            del item, task, outcome  # hold no result while waiting for the next one
+        try:
+            self._settlers.submit(task.owner.settle, task, outcome)
+        except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
+            task.owner.settle(task, outcome)
 
     def _send(self, worker: WorkerHandle, task: Task) -> None:
         assert task.blob is not None
@@ -324,6 +316,8 @@ class Hub:
         self._unpool(worker)
         if worker.kind == "template":
             self.templates.forget(worker)
+        elif worker.kind == "spawn":
+            self.templates.drop_pending(worker)  # not forked yet: never will be
         self.changed.notify_all()
 
     def start_failed(self, worker: WorkerHandle, error: BaseException) -> None:
@@ -497,9 +491,15 @@ class Hub:
                 # A sticky CUDA error: this process is done for; replace it like a crashed one.
                 log.debug("worker pid %d retires after a sticky CUDA error", worker.pid)
                 self.forget(worker)
+            elif message.recycle:
+                # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
+                # it at once (from the warm template: milliseconds).
+                self.forget(worker)
             actions += task.owner.task_returned(task, (message, worker.pid))
-            if message.retire and worker.owner is not None:
-                actions += worker.owner.worker_gone(worker, expected=False)
+            if (message.retire or message.recycle) and worker.owner is not None:
+                actions += worker.owner.worker_gone(
+                    worker, expected=False, recycled=message.recycle
+                )
         if message.retire:
             actions.append(StopWorker(worker, kill=True))
         self.run(actions)
@@ -635,10 +635,7 @@ class Hub:
                 _reap_child(worker.pid)
             self.retire(worker)
         self._jobs.shutdown(wait=True)
-        for _ in self._settlers:
-            self._settle_queue.put(None)
-        for thread in self._settlers:
-            thread.join(timeout=10.0)
+        self._settlers.shutdown(wait=True, timeout_s=10.0)
         self.guardian.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 

@@ -168,8 +168,11 @@ class Starts:
         with self._hub.lock:
             while (code := self.templates.take_exit_code(worker.pid)) is None:
                 left = end - time.monotonic()
-                if left <= 0:
-                    return None  # its template died too: nobody knows
+                template = worker.forked_by
+                # A template reports its children's ends before its own (one socket, in order):
+                # once it is dead, nobody will report this one.
+                if left <= 0 or (template is not None and template.is_dead()):
+                    return None
                 self._hub.changed.wait(left)
             return code
 
@@ -189,9 +192,10 @@ class Starts:
                 try:
                     if conn is None or conn.closed:
                         raise OSError("template socket closed")
-                    conn.send_bytes(
-                        encode(ForkWorker(worker.token, worker.capture_path, worker.device))
+                    request = ForkWorker(
+                        worker.token, worker.capture_path, worker.device, worker.max_tasks
                     )
+                    conn.send_bytes(encode(request))
                 except (OSError, ValueError):
                     pass  # the template is dying: its end of file relaunches what it held
 
@@ -209,7 +213,7 @@ class Starts:
                 env["CUDA_VISIBLE_DEVICES"] = env["PRECOMPILE_EXECUTOR_DEVICE"] = worker.device
             process = _LOKY.Process(
                 target=target,
-                args=(hub.address, worker.token, worker.capture_path, init_blob),
+                args=(hub.address, worker.token, worker.capture_path, init_blob, worker.max_tasks),
                 name=f"precompile-{worker.kind}-{worker.id}",
                 env=env,
             )

@@ -70,7 +70,9 @@ class Owner(Protocol):
 
     def worker_ready(self, worker: WorkerHandle) -> list[Action]: ...
 
-    def worker_gone(self, worker: WorkerHandle, *, expected: bool) -> list[Action]: ...
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]: ...
 
     def worker_failed_to_start(
         self, worker: WorkerHandle, error: BaseException
@@ -177,6 +179,7 @@ class WorkerHandle:
         self.template_key = template_key  # the template that serves this kind (initializer)
         self.pending: list[WorkerHandle] = []  # templates: workers asked for, not yet forked
         self.children = 0  # templates: forked workers still alive
+        self.forked_by: WorkerHandle | None = None  # spawn workers: the template that forked it
         self.capture_path = capture_path
         self.device = device
         self.idle_timeout_s = idle_timeout_s
@@ -188,6 +191,7 @@ class WorkerHandle:
         self.task: Task | None = None
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
+        self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
         self.send_lock = threading.Lock()  # a send and the close of ``conn`` never overlap
 
     def __repr__(self) -> str:

@@ -158,6 +158,7 @@ class Templates:
             self._deaths.pop(template.key, None)
             if worker is not None:
                 worker.pid = message.pid
+                worker.forked_by = template
             return [Watch(message.pid)]
         first = template.key not in self._refusals
         self._refusals[template.key] = message.reason
@@ -197,6 +198,12 @@ class Templates:
         """``template`` is dead: the next worker of its kind needs a new one."""
         if self.by_key.get(template.key) is template:
             del self.by_key[template.key]
+
+    def drop_pending(self, worker: WorkerHandle) -> None:
+        """``worker`` is dead before its template forked it: it never will be."""
+        template = self.by_key.get(worker.template_key)
+        if template is not None and worker in template.pending:
+            template.pending.remove(worker)
 
     @staticmethod
     def holds(worker: WorkerHandle) -> bool:

@@ -25,6 +25,7 @@ SCENARIOS = [
     "6. Scaling",
     "7. Ordering",
     "8. Worker starts",
+    "9. Per-task overhead against",
 ]
 
 
@@ -69,5 +70,5 @@ def test_quick_run_writes_every_scenario(tmp_path: Path) -> None:
         section = md.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
         assert "\n|---" in section, f"section {title!r} has no table"
     assert "## Targets" in md
-    assert "none was left after any of the 8 scenarios" in md
+    assert "none was left after any of the 9 scenarios" in md
     assert "cleanup check: 0 process(es)" in result.stdout

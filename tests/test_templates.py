@@ -91,6 +91,7 @@ def test_forked_gives_the_worker_its_pid_and_watches_it() -> None:
     decisions = templates.message(template, Forked(worker.token, 4242), {worker.token: worker})
     assert decisions == [Watch(4242)]
     assert worker.pid == 4242
+    assert worker.forked_by is template
     assert template.pending == []
     assert template.children == 1
     assert templates.holds(template)  # the timer rule: lives while its child does
@@ -183,13 +184,14 @@ def test_a_template_that_dies_repeatedly_is_given_up_for_its_kind() -> None:
     templates = _templates()
     worker = _worker()
     decisions = templates.route(worker)
-    for death in range(1, TEMPLATE_FAILURES_BEFORE_FALLBACK + 1):
+    for _ in range(TEMPLATE_FAILURES_BEFORE_FALLBACK):
         [start] = decisions
         assert isinstance(start, StartTemplate)
         start.template.die(0.0)
         decisions = templates.gone(start.template, said_hello=False, relaunch=True)
     assert decisions == [StartInterpreter(worker)]
-    assert templates.refusal(KIND) == f"its warm template died {death} times"
+    deaths = TEMPLATE_FAILURES_BEFORE_FALLBACK
+    assert templates.refusal(KIND) == f"its warm template died {deaths} times"
 
 
 def test_a_fork_resets_the_death_count() -> None:

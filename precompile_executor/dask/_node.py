@@ -10,8 +10,9 @@ Threads on a node:
 * the node-local ``PrecompileExecutor``'s own threads own the pool workers, their timeouts,
   group kills, output capture and classification — exactly as on one machine.
 
-Everything that crosses to the caller is a plain :data:`Outcome` (bytes, str, numbers): the
-scheduler and dask's serialization never meet a user object, a user exception or Triton.
+Everything that crosses to the caller is a plain :data:`~.._node_pool.Outcome` (bytes, str,
+numbers): the scheduler and dask's serialization never meet a user object, a user exception or
+Triton. The node pool itself is the backend-neutral :class:`~.._node_pool.NodePool`.
 This module imports nothing heavy at import time, so a scheduler can unpickle a task that names
 :func:`run_task` without Triton or the user's modules.
 """
@@ -22,50 +23,15 @@ import asyncio
 import multiprocessing
 from typing import Any
 
-Outcome = dict[str, Any]
-"""``status``: ``"ok"`` (``value``: the cloudpickled result), ``"error"`` (``error``: the pickled
-exception, a ``RemoteError`` proxy as a plain record; ``classification``), or ``"refused"``
-(``reason``: ``"cancelled"``, ``"node-changed"`` or ``"unavailable"``; ``message``). Always also
-``output`` (str), ``pid`` (int) and ``elapsed_s`` (float)."""
+from .._node_pool import Outcome, refused
+
+__all__ = ["DAEMON_MESSAGE", "Outcome", "describe", "is_daemon", "kill", "refused", "run_task"]
 
 DAEMON_MESSAGE = (
     "dask worker processes are daemonic and cannot start the node pool; start the cluster with "
     "distributed.worker.daemon: False (dask.config.set({'distributed.worker.daemon': False}) "
     "before LocalCluster/SpecCluster, or DASK_DISTRIBUTED__WORKER__DAEMON=False for dask worker)"
 )
-
-
-def refused(reason: str, message: str) -> Outcome:
-    """The outcome of a task the node did not run."""
-    return {
-        "status": "refused",
-        "reason": reason,
-        "message": message,
-        "output": "",
-        "pid": 0,
-        "elapsed_s": 0.0,
-    }
-
-
-def call_blob(blob: bytes) -> bytes:
-    """Run a pickled ``(fn, args, kwargs)`` in a node-local pool worker; return the result pickled.
-
-    The result is pickled here, in the pool worker, so the dask worker in between only ever holds
-    bytes: a result class it cannot import never reaches it.
-    """
-    import cloudpickle
-
-    from precompile_executor import ResultSerializationError
-
-    fn, args, kwargs = cloudpickle.loads(blob)
-    value = fn(*args, **kwargs)
-    try:
-        return bytes(cloudpickle.dumps(value))
-    except Exception as exc:
-        raise ResultSerializationError(
-            f"the task's result could not be pickled in the worker: {type(exc).__name__}: {exc}. "
-            "Return plain data."
-        ) from exc
 
 
 def _plugin(name: str, dask_worker: Any = None) -> Any:
