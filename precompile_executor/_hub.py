@@ -217,7 +217,10 @@ class Hub:
             elif isinstance(action, Launch):
                 self.submit_job(self.starts.launch, action.worker, action.init_blob)
             elif isinstance(action, Settle):
-                self._settle(action.task, action.outcome)
+                # A plain result with no user callback is settled right here (on the monitor:
+                # no hand-off); anything else on a settle thread.
+                if not action.task.owner.settle_now(action.task, action.outcome):
+                    self._settle(action.task, action.outcome)
             elif isinstance(action, StopWorker):
                 self.submit_job(self._stop, action.worker, action.kill)
         if wake:

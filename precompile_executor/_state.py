@@ -64,6 +64,8 @@ class Owner(Protocol):
 
     def settle(self, task: Task, outcome: Any) -> None: ...
 
+    def settle_now(self, task: Task, outcome: Any) -> bool: ...
+
     def task_lost(self, task: Task) -> list[Action]: ...
 
     def task_failed(self, task: Task, error: BaseException) -> list[Action]: ...
@@ -254,7 +256,8 @@ class Launch(NamedTuple):
 
 
 class Settle(NamedTuple):
-    """Decode ``outcome`` and set ``task``'s future (never on the monitor thread)."""
+    """Decode ``outcome`` and set ``task``'s future: on a settle thread, or where it is cheap
+    and runs no user code, right away (``Owner.settle_now``)."""
 
     task: Task
     outcome: Any
