@@ -93,11 +93,15 @@ class Target:
             return f"goal missed by {gap:.0f}%, within the hard limit"
         return f"MISSED by {gap:.0f}%"
 
-    def describe(self) -> str:
+    def cells(self) -> tuple[str, str]:
+        """(measured, goal) as text."""
         limit = f"{self.op} {self.goal:g}{self.unit}"
         if self.must is not None:
             limit += f" (must {self.op} {self.must:g}{self.unit})"
-        value = "n/a" if math.isnan(self.value) else f"{self.value:.2f}{self.unit}"
+        return "n/a" if math.isnan(self.value) else f"{self.value:.2f}{self.unit}", limit
+
+    def describe(self) -> str:
+        value, limit = self.cells()
         return f"{self.name}: {value}, target {limit}: {self.verdict}"
 
 
@@ -112,10 +116,6 @@ class Section:
     targets: list[Target] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     plot: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def fmt_s(seconds: float) -> str:
-    return "—" if math.isnan(seconds) else f"{seconds:.2f}"
 
 
 def fmt_us(seconds: float) -> str:
@@ -149,11 +149,9 @@ def print_section(section: Section) -> None:
 
 
 def _md_table(table: Table) -> str:
-    lines = [f"**{table.title}**", ""]
-    lines.append("| " + " | ".join(table.columns) + " |")
-    lines.append("|" + "|".join("---" for _ in table.columns) + "|")
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table.rows]
-    return "\n".join(lines)
+    head = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table.rows]
+    return "\n".join([f"**{table.title}**", "", *head, *body])
 
 
 def markdown(
@@ -181,11 +179,7 @@ def markdown(
     ]
     for section in sections:
         for t in section.targets:
-            value = "n/a" if math.isnan(t.value) else f"{t.value:.2f}{t.unit}"
-            goal = f"{t.op} {t.goal:g}{t.unit}" + (
-                f" (must {t.op} {t.must:g}{t.unit})" if t.must is not None else ""
-            )
-            out.append(f"| {section.key} | {t.name} | {value} | {goal} | {t.verdict} |")
+            out.append(f"| {section.key} | {t.name} | {' | '.join(t.cells())} | {t.verdict} |")
     misses = [(s, t) for s in sections for t in s.targets if t.verdict != "met" and t.why]
     if misses:
         out += ["", "Why the missed targets were missed:", ""]

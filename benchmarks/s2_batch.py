@@ -32,70 +32,57 @@ def warm_goal(workers: int) -> float:
     return 1.10 if workers <= 2 else round(min(1.25, 1.10 + 0.15 * (workers - 2) / 14), 3)
 
 
-def _strategies(w: int) -> dict[str, tuple[str, Callable[[list[Config], str], BatchRun], str]]:
-    """key → (name, run(configs, cache), note); the executor ones start their own pools."""
-
-    def on_new(warm: int) -> Callable[[list[Config], str], BatchRun]:
-        def run(cfgs: list[Config], cache: str) -> BatchRun:
-            pe.stop_idle_workers()  # cold: no worker left from an earlier run
-            with _batch.new_executor(w) as ex:
-                if warm:
-                    ex.warm_up(timeout=_batch.RESULT_TIMEOUT_S)
-                if warm > 1:
-                    _batch.warm_workers(ex)
-                return _batch.on_executor(ex.options(path="fork") if warm > 2 else ex, cfgs, cache)
-
-        return run
-
-    def threads(cfgs: list[Config], cache: str) -> BatchRun:
-        with ThreadPoolExecutor(w) as tpe:
-            return _batch.on_executor(tpe, cfgs, cache)
-
-    return {
-        "seq": ("sequential in-process (warm process)", _batch.sequential, "one at a time, here"),
-        "cold": (
-            "PrecompileExecutor, cold (workers start with the batch)",
-            on_new(0),
-            "includes starting the workers (interpreter + torch/triton import)",
-        ),
-        "started": (
-            "PrecompileExecutor, started but never compiled",
-            on_new(1),
-            "workers up, torch/triton imported, first compile still to pay",
-        ),
-        "warm": (
-            "PrecompileExecutor, warm",
-            on_new(2),
-            "each worker compiled an unrelated kernel once first",
-        ),
-        "fork": ("PrecompileExecutor, fork path (this warm parent)", on_new(3), ""),
-        "threads": (f"ThreadPoolExecutor({w}) in the caller's process", threads, ""),
-        "seed_warm": (
-            "seed fork mode, parent had compiled",
-            lambda c, d: _batch.seed_fork(c, d, w),
-            "",
-        ),
-        "seed_cold": (
-            "seed fork mode, parent never compiled",
-            lambda c, d: _batch.seed_fork_cold_parent(c, d, w),
-            "a fresh parent that imported torch and triton; only the batch is timed",
-        ),
-        "spawn": (
-            "seed spawn mode (fresh interpreter per config)",
-            lambda c, d: _batch.seed_spawn(c, d, w),
-            "one run (slow)",
-        ),
-    }
+STRATEGIES = {
+    "seq": ("sequential in-process (warm process)", "one at a time, here"),
+    "cold": (
+        "PrecompileExecutor, cold (workers start with the batch)",
+        "includes starting the workers (interpreter + torch/triton import)",
+    ),
+    "started": (
+        "PrecompileExecutor, started but never compiled",
+        "workers up, torch/triton imported, first compile still to pay",
+    ),
+    "warm": ("PrecompileExecutor, warm", "each worker compiled an unrelated kernel once first"),
+    "fork": ("PrecompileExecutor, fork path (this warm parent)", ""),
+    "threads": ("ThreadPoolExecutor in the caller's process", ""),
+    "seed_warm": ("seed fork mode, parent had compiled", ""),
+    "seed_cold": (
+        "seed fork mode, parent never compiled",
+        "a fresh parent that imported torch and triton; only the batch is timed",
+    ),
+    "spawn": ("seed spawn mode (fresh interpreter per config)", "one run (slow)"),
+}
+"""key → (name, note) of each strategy, in the order they run."""
 
 
 def measure(ctx: Context, cfgs: list[Config]) -> dict[str, list[BatchRun]]:
+    w = ctx.workers
     warm_compile()  # the sequential runs measure warm compiles: pay the first one here
     runs: dict[str, list[BatchRun]] = {}
+
+    def record(key: str, run_: Callable[[str], BatchRun]) -> None:
+        ctx.log(f"s2: {STRATEGIES[key][0]}")
+        runs.setdefault(key, []).append(run_(ctx.fresh_dir("cache")))
+
     for rnd in range(ctx.repeats):
-        for key, (name, run_, _) in _strategies(ctx.workers).items():
-            if key != "spawn" or rnd == 0:
-                ctx.log(f"s2: {name}")
-                runs.setdefault(key, []).append(run_(cfgs, ctx.fresh_dir("cache")))
+        record("seq", lambda d: _batch.sequential(cfgs, d))
+        pe.stop_idle_workers()  # cold: no worker left from an earlier run
+        with _batch.new_executor(w) as ex:
+            record("cold", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
+        pe.stop_idle_workers()
+        with _batch.new_executor(w) as ex:
+            ex.warm_up(timeout=_batch.RESULT_TIMEOUT_S)
+            record("started", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
+            _batch.warm_workers(ex)
+            record("warm", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
+            fork = ex.options(path="fork")
+            record("fork", lambda d: _batch.on_executor(fork, cfgs, d))  # noqa: B023
+        with ThreadPoolExecutor(w) as tpe:
+            record("threads", lambda d: _batch.on_executor(tpe, cfgs, d))  # noqa: B023
+        record("seed_warm", lambda d: _batch.seed_fork(cfgs, d, w))
+        record("seed_cold", lambda d: _batch.seed_fork_cold_parent(cfgs, d, w))
+        if rnd == 0:
+            record("spawn", lambda d: _batch.seed_spawn(cfgs, d, w))
     return runs
 
 
@@ -104,7 +91,6 @@ def run(ctx: Context) -> Section:
     cfgs = configs(ctx.n_configs, ctx.quick)
     ctx.log(f"s2: {len(cfgs)} configs on {w} workers, {ctx.repeats} round(s)")
     runs = measure(ctx, cfgs)
-    strategies = _strategies(w)
     warm_times = {c: median(r.task_s[i] for r in runs["seq"]) for i, c in enumerate(cfgs)}
     ctx.shared["warm_times"] = warm_times
     times = list(warm_times.values())
@@ -112,6 +98,9 @@ def run(ctx: Context) -> Section:
 
     def wall(key: str) -> float:
         return median(r.wall_s for r in runs.get(key, []))
+
+    def name(key: str) -> str:
+        return STRATEGIES[key][0].replace("Executor in", f"Executor({w}) in")
 
     seq, warm = wall("seq"), wall("warm")
     rows: list[dict[str, Any]] = [
@@ -136,10 +125,10 @@ def run(ctx: Context) -> Section:
     ]
     for key, rs in runs.items():
         errors = [e for r in rs for e in r.errors]
-        note = strategies[key][2] + (f" {len(errors)} failed: {errors[0]}" if errors else "")
+        note = STRATEGIES[key][1] + (f" {len(errors)} failed: {errors[0]}" if errors else "")
         rows.append(
             {
-                "strategy": strategies[key][0],
+                "strategy": name(key),
                 "wall (s)": spread(r.wall_s for r in rs),
                 "× ideal": wall(key) / ideal,
                 "speedup vs sequential": seq / wall(key),
@@ -217,7 +206,7 @@ def run(ctx: Context) -> Section:
         "'priority' and 'caller sorts' columns). The gain is largest when few configs per "
         "worker meet a skewed set of compile times (the skewed row)."
     )
-    labels = ["ideal"] + [strategies[k][0] for k in runs]
+    labels = ["ideal"] + [name(k) for k in runs]
     section.plot = bars(
         f"2. {len(cfgs)} sm_90 matmul configs on {w} workers (s)",
         ["ideal"] + [n.replace(" (", "\n(").replace(", ", ",\n", 1) for n in labels[1:]],

@@ -13,7 +13,8 @@ matmul kernel of each version's own tree (``precompile_executor/examples/kernels
 cubin bytes column is a check that both compiled the same configs (the sizes also hold the
 source file's path in the line info, so they differ by a little).
 
-Run alone: ``python -m benchmarks.run --only s9 [--against REV] [--repeats N]``.
+Run alone: ``python -m benchmarks.run --only s9 --out DIR [--against REV] [--repeats N]``;
+``REV`` is a commit, or a directory holding an extracted ``precompile_executor/``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ _REPO = Path(__file__).resolve().parent.parent
 
 
 def extract(rev: str, into: Path) -> str:
-    """Put ``rev``'s ``precompile_executor/`` under ``into``; return ``rev``'s short hash."""
+    """Put ``rev``'s ``precompile_executor/`` under ``into``; return ``rev``'s short hash.
+
+    ``rev`` may also be a directory that holds an extracted ``precompile_executor/`` (for a
+    machine without the repository's history): it is linked, and named by its path.
+    """
+    if (Path(rev) / "precompile_executor").is_dir():
+        (into / "precompile_executor").symlink_to(Path(rev).resolve() / "precompile_executor")
+        return rev
     git = ["git", "-C", str(_REPO)]
     short = subprocess.run(
         [*git, "rev-parse", "--short", f"{rev}^{{commit}}"],

@@ -169,3 +169,93 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         time.sleep(0.1)
     print(f"\nprocesses left after the session: {[p.pid for p in left]}")
     session.exitstatus = 1
+
+
+RAY_NODE_CPUS = 2
+"""Ray CPUs per node of the test cluster: each node's window is 2 tasks."""
+
+
+def ray_node_resource(index: int) -> str:
+    """The custom resource only node ``index`` of the test Ray cluster has (to aim at a node)."""
+    return f"precompile-test-node-{index}"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Two Ray nodes (``ray.cluster_utils.Cluster``) on 127.0.0.1 only, driver connected.
+
+    The module's Ray tests run in a network namespace of their own with only loopback (see
+    ``tests/loopback.py`` for why); the fixture checks that both nodes report 127.0.0.1 and that
+    every socket of every Ray process is on 127.0.0.1 when the cluster is up and again at the
+    end, and that every Ray process is gone after shutdown. Each node has its own
+    ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; both find the tests'
+    helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs)``.
+    """
+    pytest.importorskip("ray")
+    import loopback
+    import ray
+    from ray.cluster_utils import Cluster
+
+    base = tmp_path_factory.mktemp("ray-nodes")
+    cache_dirs = [base / f"node-{i}-triton-cache" for i in range(2)]
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    python_path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p)
+
+    def node_args(i: int) -> dict[str, Any]:
+        return {
+            "num_cpus": RAY_NODE_CPUS,
+            "resources": {ray_node_resource(i): 1},
+            "env_vars": {"TRITON_CACHE_DIR": str(cache_dirs[i]), "PYTHONPATH": python_path},
+        }
+
+    def roots() -> set[int]:
+        return {p.pid for p in loopback.ray_processes()}
+
+    try:
+        namespace = loopback.loopback_only()
+        namespace.__enter__()
+    except PermissionError as exc:
+        pytest.skip(f"needs root, for a network namespace with only loopback ({exc})")
+    _process_roots.append(roots)
+    cluster = None
+    try:
+        cluster = Cluster(
+            initialize_head=True, head_node_args={**node_args(0), "include_dashboard": False}
+        )
+        cluster.add_node(**node_args(1))
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+        cluster.wait_for_nodes()
+        assert cluster.address.startswith("127.0.0.1:"), cluster.address
+        assert_on_loopback_only()
+        yield cluster, cache_dirs
+        assert_on_loopback_only()
+    finally:
+        pids = roots()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        procs = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        _process_roots.remove(roots)
+        namespace.__exit__(None, None, None)
+        assert not alive, f"Ray processes left after shutdown: {alive}"
+
+
+def assert_on_loopback_only() -> None:
+    """Both nodes say 127.0.0.1; every socket of every Ray process (and the driver's) too."""
+    import loopback
+    import ray
+
+    addresses = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"])
+    assert addresses and set(addresses) == {"127.0.0.1"}, addresses
+    processes = loopback.ray_processes()
+    names = {p.name() for p in processes}
+    assert {"gcs_server", "raylet"} <= names, names
+    pids = [p.pid for p in processes] + [os.getpid()]
+    # the control store and both raylets listen (so the check below has sockets to check)
+    assert len(loopback.listening(pids)) >= 3, loopback.listening(pids)
+    assert loopback.non_loopback_sockets(pids) == []

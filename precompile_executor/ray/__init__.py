@@ -1,0 +1,17 @@
+"""Run ``precompile_executor`` tasks on a Ray cluster: one node actor, one node-local pool each.
+
+``pip install 'precompile-executor[ray]'``; see ``docs/ray.md``. Importing this package imports
+``ray`` but neither torch nor triton.
+"""
+
+from ._actor import NodeActor
+from ._executor import NodeLostError, RayExecutorStatistics, RayPrecompileExecutor
+from ._placement import node_actors
+
+__all__ = [
+    "NodeActor",
+    "NodeLostError",
+    "RayExecutorStatistics",
+    "RayPrecompileExecutor",
+    "node_actors",
+]
