@@ -582,8 +582,11 @@ class Core:
                 task.origin.discard(task)
             save: list[CostModel] = []
             if self.learned and not self.busy():
-                save, self.learned = list(self.learned), set()
-                self.saving += 1
+                # A model without a history file has nothing to write: no job for it.
+                save = [model for model in self.learned if model.path is not None]
+                self.learned = set()
+                if save:
+                    self.saving += 1
             self.changed.notify_all()
         return save
 
