@@ -8,13 +8,15 @@ and when a worker is ready, gone or failed to start.
 Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
 order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
 When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
-its cost model; when the executor has nothing left to do, the settle thread that noticed writes
-the model's history file. Each settled task leaves a :class:`TaskTimeline` (at most
-:data:`TIMELINE_LIMIT`, oldest dropped).
+its cost model; when the executor has nothing left to do, the settle that noticed writes the
+model's history file (on a job thread when it settled on the monitor). Each settled task
+leaves a :class:`TaskTimeline` (at most :data:`TIMELINE_LIMIT`, oldest dropped).
 
 A task is resolved in one place: :meth:`Core._close` moves it to DONE under the lock (only the
 first caller wins) and emits a :class:`Settle` action; :meth:`Core.settle`, on a settle-pool
-thread, decodes the outcome and sets the future. Nothing else sets a task's future.
+thread, decodes the outcome and sets the future — or :meth:`Core.settle_now`, on the monitor,
+when every call returned plain data and no user callback is attached (nothing it runs can block
+the monitor). Nothing else sets a task's future.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import os
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from concurrent.futures import CancelledError, Future
 from typing import Any, Literal
@@ -135,7 +137,7 @@ class Core:
         self.completed = self.failed = self.cancelled = 0
         self.timed_out = self.crashed = self.restarts = 0
         self.spawn_tasks = self.fork_tasks = 0
-        self.timeline: deque[TaskTimeline] = deque(maxlen=TIMELINE_LIMIT)
+        self.timeline = Timeline()
         self.learned: set[CostModel] = set()  # cost models with observations not yet saved
         self.saving = 0  # settle threads writing cost histories
         hub.cores.add(self)
@@ -503,19 +505,58 @@ class Core:
     # -- settling (a settle-pool thread, no lock) --------------------------------------------
 
     def settle(self, task: Task, outcome: Any) -> None:
-        """Decode ``outcome`` and set ``task``'s future; never raises."""
+        """Decode ``outcome`` and set ``task``'s future; never raises (a settle thread)."""
+        ok, value = self._decoded(task, outcome)
+        self._recorded(task, ok, value)
+        self._set_and_finish(task, ok, value)
+
+    def settle_now(self, task: Task, outcome: Any) -> bool:
+        """Settle ``task`` on this thread (the monitor's) when that imports nothing and runs no
+        user code: every call returned plain data (``Done.plain``), no output was asked for,
+        and the future has no done-callback but the executor's own. ``False``: nothing done,
+        the caller hands it to a settle thread (docs/design.md, "Threads: who owns what")."""
+        done = outcome[0] if isinstance(outcome, tuple) else None
+        future = task.future
+        if not (isinstance(done, Done) and done.plain) or task.want_output:
+            return False
+        if _user_callbacks(future):
+            return False
+        ok, value = self._decoded(task, outcome)
+        self._recorded(task, ok, value)
+        # Under the future's own lock (an RLock; set_result takes it again): a done-callback
+        # added meanwhile waits for it, then sees the future done and runs on its adder's
+        # thread. Only the executor's own callback (no lock, nothing slow) runs here.
+        with future._condition:
+            late = _user_callbacks(future)
+            if not late:
+                self._set(task, ok, value)
+        if late:  # added between the two checks: its callback must not run on the monitor
+            self.hub.submit_job(self._set_and_finish, task, ok, value)
+            return True
+        save = self._finished(task)
+        if save:
+            self.hub.submit_job(self._save, save)
+        return True
+
+    def _decoded(self, task: Task, outcome: Any) -> tuple[bool, Any]:
         try:
             ok, value = self._decode(task, outcome)
         except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
             ok, value = False, self._error(unpickle_error(exc))
         task.decoded_at = time.monotonic()
+        return ok, value
+
+    def _recorded(self, task: Task, ok: bool, value: Any) -> None:
         with self.lock:
             # Recorded before the future is set, so whoever waited on it finds its record.
             task.settled_at = time.monotonic()
-            self.timeline.append(_timeline(task, ok))
+            self.timeline.add(task, ok)
             count_outcome(self, None if ok else value)
             if not ok and isinstance(value, TaskMemoryError):
                 self.memory_killed += 1
+
+    @staticmethod
+    def _set(task: Task, ok: bool, value: Any) -> None:
         try:
             if ok:
                 task.future.set_result(value)
@@ -523,18 +564,31 @@ class Core:
                 task.future.set_exception(value)
         except BaseException:  # noqa: BLE001 - a done-callback's error is the stdlib's to log
             log.exception("setting a future raised")
+
+    def _set_and_finish(self, task: Task, ok: bool, value: Any) -> None:
+        try:
+            self._set(task, ok, value)
         finally:
-            with self.lock:
-                self.unsettled -= 1
-                if task.origin is not None:
-                    task.origin.discard(task)
-                save: list[CostModel] = []
-                if self.learned and not self.busy():
-                    save, self.learned = list(self.learned), set()
-                    self.saving += 1
-                self.changed.notify_all()
+            save = self._finished(task)
             if save:
                 self._save(save)
+
+    def _finished(self, task: Task) -> list[CostModel]:
+        """The future is set: count it settled; the cost models to save if the executor has
+        nothing left to do (lock taken here)."""
+        with self.lock:
+            self.unsettled -= 1
+            if task.origin is not None:
+                task.origin.discard(task)
+            save: list[CostModel] = []
+            if self.learned and not self.busy():
+                # A model without a history file has nothing to write: no job for it.
+                save = [model for model in self.learned if model.path is not None]
+                self.learned = set()
+                if save:
+                    self.saving += 1
+            self.changed.notify_all()
+        return save
 
     def _save(self, models: list[CostModel]) -> None:
         """The batch is over: keep what it taught for the next run (a settle thread, no lock).
@@ -790,25 +844,69 @@ class Core:
             return tuple(self.timeline)
 
 
-def _timeline(task: Task, ok: bool) -> TaskTimeline:
-    cost = task.cost
-    return TaskTimeline(
-        task_id=task.id,
-        function=cost.function if cost is not None else "",
-        features=cost.features if cost is not None else "",
-        path=task.path,
-        worker_pid=task.worker_pid,
-        calls=task.n,
-        predicted_s=task.predicted_s,
-        ok=ok,
-        queued=task.queued_at,
-        sent=task.sent_at,
-        started=task.started_at,
-        done=task.done_at,
-        decoded=task.decoded_at,
-        settled=task.settled_at,
-        future_ref=weakref.ref(task.future),
-    )
+class Timeline:
+    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
+    :data:`TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records only when
+    read (``tuple(core.timeline)``, lock held) — a frozen dataclass per task costs more on the
+    settle path than the rest of the record keeping."""
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
+
+    def add(self, task: Task, ok: bool) -> None:
+        self._rows.append(
+            (
+                task.id,
+                task.cost,
+                task.path,
+                task.worker_pid,
+                task.n,
+                task.predicted_s,
+                ok,
+                task.queued_at,
+                task.sent_at,
+                task.started_at,
+                task.done_at,
+                task.decoded_at,
+                task.settled_at,
+                weakref.ref(task.future),
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TaskTimeline]:
+        for row in list(self._rows):
+            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
+            queued, sent, started, done, decoded, settled = times
+            yield TaskTimeline(
+                task_id=task_id,
+                function=cost.function if cost is not None else "",
+                features=cost.features if cost is not None else "",
+                path=path,
+                worker_pid=pid,
+                calls=calls,
+                predicted_s=predicted_s,
+                ok=ok,
+                queued=queued,
+                sent=sent,
+                started=started,
+                done=done,
+                decoded=decoded,
+                settled=settled,
+                future_ref=future_ref,
+            )
+
+
+OWN_DONE_CALLBACKS = 1
+"""Done-callbacks the executor itself attaches to each future (the cancel notification of
+``_executor._submit``; tests/test_contract.py checks the count): more means a user's."""
+
+
+def _user_callbacks(future: Future[Any]) -> bool:
+    # ``_done_callbacks`` is the stdlib Future's list (3.11-3.14); read, never changed here.
+    return len(future._done_callbacks) > OWN_DONE_CALLBACKS  # type: ignore[attr-defined]
 
 
 def _start_error(error: BaseException) -> WorkerStartError:

@@ -63,13 +63,13 @@ def _child(
         _forbid_cuda()
         cap = OutputCapture(capture)
         cap.reset()
-        outcomes = run_calls(calls, os.getpid())
+        outcomes, plain = run_calls(calls, os.getpid())
         output = cap.read()
         failed = any(not ok for ok, _ in outcomes)
         if failed:
             outcomes = with_output(outcomes, output)
         Connection(conn.detach()).send_bytes(
-            encode(Done(task_id, outcomes, output if want_output or failed else None))
+            encode(Done(task_id, outcomes, output if want_output or failed else None, plain=plain))
         )
     except BaseException:  # noqa: BLE001 - the parent sees a crash with the captured output
         status = 70

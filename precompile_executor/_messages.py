@@ -49,13 +49,16 @@ class Started(NamedTuple):
 
 class Done(NamedTuple):
     """Task ``task_id`` finished; ``retire``: this process's CUDA context is broken;
-    ``recycle``: it ran its ``max_tasks_per_child`` and exits. Either way it is replaced."""
+    ``recycle``: it ran its ``max_tasks_per_child`` and exits. Either way it is replaced.
+    ``plain``: every call succeeded with a small value of a plain type, whose pickle imports
+    and runs nothing when loaded, so the parent may decode it on the monitor thread."""
 
     task_id: int
     outcomes: list[Outcome]
     output: str | None
     retire: bool = False
     recycle: bool = False
+    plain: bool = False  # every call returned plain data (see _worker.PLAIN_TYPES)
 
 
 class ForkWorker(NamedTuple):

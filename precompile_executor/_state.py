@@ -65,6 +65,8 @@ class Owner(Protocol):
 
     def settle(self, task: Task, outcome: Any) -> None: ...
 
+    def settle_now(self, task: Task, outcome: Any) -> bool: ...
+
     def task_lost(self, task: Task) -> list[Action]: ...
 
     def task_failed(self, task: Task, error: BaseException) -> list[Action]: ...
@@ -186,6 +188,7 @@ class WorkerHandle:
         self.template_key = template_key  # the template that serves this kind (initializer)
         self.pending: list[WorkerHandle] = []  # templates: workers asked for, not yet forked
         self.children = 0  # templates: forked workers still alive
+        self.forked_by: WorkerHandle | None = None  # spawn workers: the template that forked it
         self.capture_path = capture_path
         self.device = device
         self.idle_timeout_s = idle_timeout_s
@@ -261,7 +264,8 @@ class Launch(NamedTuple):
 
 
 class Settle(NamedTuple):
-    """Decode ``outcome`` and set ``task``'s future (never on the monitor thread)."""
+    """Decode ``outcome`` and set ``task``'s future: on a settle thread, or where it is cheap
+    and runs no user code, right away (``Owner.settle_now``)."""
 
     task: Task
     outcome: Any

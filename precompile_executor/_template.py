@@ -37,9 +37,10 @@ def fork_safety() -> str | None:
     """Why forking this process now would be unsafe, or ``None`` when it is safe.
 
     Safe: no thread but this one, or besides it only the CUDA driver's idle threads of a device
-    count that initialized no CUDA context and left torch able to use CUDA in a child (measured
-    on the H200: a worker forked after ``torch.cuda.is_available()`` with the NVML check, or
-    after ``import helion``, opens its context and runs kernels; ``docs/gpu-runs.md``, session 4).
+    count that initialized no CUDA context and left torch able to use CUDA in a child (a worker
+    forked after ``torch.cuda.is_available()`` with the NVML check, or after ``import helion``,
+    opens its context and runs kernels: ``tests/test_gpu.py``,
+    ``test_an_initializer_that_asks_if_cuda_is_available``; docs/design.md, "Warm templates").
     A fork copies only the calling thread, and glibc's ``fork`` holds malloc's locks across it,
     so such a thread leaves nothing locked that the child uses; any other thread might.
     """

@@ -1,0 +1,99 @@
+"""Where a task's future is set: plain results with no user callback on the monitor thread (no
+hand-off), anything that may run user code or import on a settle thread (docs/design.md,
+"Threads: who owns what"). Real workers throughout."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from precompile_executor import PrecompileExecutor
+from precompile_executor._core import OWN_DONE_CALLBACKS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Point:
+    """A result whose pickle names its class: decoding it imports, so never on the monitor."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+def make_point(x: int) -> Point:
+    return Point(x)
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[PrecompileExecutor]:
+    with PrecompileExecutor(max_workers=2) as ex:
+        ex.warm_up(timeout=60)
+        yield ex
+
+
+def _settled_on(future: Future[Any]) -> str:
+    """Attach a done-callback and return the name of the thread it ran on."""
+    seen: list[str] = []
+    ran = threading.Event()
+
+    def note(_: Future[Any]) -> None:
+        seen.append(threading.current_thread().name)
+        ran.set()
+
+    future.add_done_callback(note)
+    assert ran.wait(60)
+    return seen[0]
+
+
+def test_the_executor_attaches_exactly_its_own_callbacks(executor: PrecompileExecutor) -> None:
+    future = executor.submit(abs, -1)
+    # Read before anything else attaches one: the count settle_now() takes as the executor's.
+    with future._condition:
+        count = len(future._done_callbacks)  # type: ignore[attr-defined]
+    assert future.result(timeout=60) == 1
+    assert count == OWN_DONE_CALLBACKS
+
+
+@pytest.mark.parametrize(
+    ("fn", "arg", "expected"),
+    [(abs, -3, 3), (str, 5, "5"), (bytes, 2, b"\0\0")],
+)
+def test_plain_results_arrive_whatever_thread_settles_them(
+    executor: PrecompileExecutor, fn: Any, arg: Any, expected: Any
+) -> None:
+    assert [f.result(timeout=60) for f in [executor.submit(fn, arg) for _ in range(20)]] == [
+        expected
+    ] * 20
+    assert list(executor.map(fn, [arg] * 50, chunksize=7)) == [expected] * 50
+
+
+def test_a_user_callback_never_runs_on_the_monitor(executor: PrecompileExecutor) -> None:
+    """The callback is attached while the task runs: its future is set on a settle thread (or,
+    attached after the set, the callback runs on the attaching thread) — never the monitor."""
+    names = set()
+    for _ in range(30):
+        future = executor.submit(abs, -1)
+        names.add(_settled_on(future))
+    me = threading.current_thread().name
+    assert all(name == me or name.startswith("precompile-settle") for name in names), names
+
+
+def test_results_that_import_are_settled_off_the_monitor(executor: PrecompileExecutor) -> None:
+    future = executor.submit(make_point, 4)
+    assert _settled_on(future) != "precompile-monitor"
+    assert future.result(timeout=60).x == 4
+
+
+def test_timeline_records_every_settled_task(executor: PrecompileExecutor) -> None:
+    before = len(executor.timeline())
+    futures = [executor.submit(abs, -i) for i in range(10)]
+    assert [f.result(timeout=60) for f in futures] == list(range(10))
+    records = executor.timeline()[before:]
+    assert len(records) == 10
+    assert all(r.ok and r.path == "spawn" for r in records)
+    assert all(r.queued <= r.sent <= r.started <= r.done <= r.settled for r in records)  # type: ignore[operator]
+    assert {r.future for r in records} == set(futures)
