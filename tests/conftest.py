@@ -189,7 +189,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     every socket of every Ray process is on 127.0.0.1 when the cluster is up and again at the
     end, and that every Ray process is gone after shutdown. Each node has its own
     ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; both find the tests'
-    helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs)``.
+    helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs, node_args)``;
+    ``cluster.add_node(**node_args(1))`` starts a replacement for node 1.
     """
     pytest.importorskip("ray")
     import loopback
@@ -227,7 +228,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cluster.wait_for_nodes()
         assert cluster.address.startswith("127.0.0.1:"), cluster.address
         assert_on_loopback_only()
-        yield cluster, cache_dirs
+        yield cluster, cache_dirs, node_args
         assert_on_loopback_only()
     finally:
         pids = roots()
