@@ -174,6 +174,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 RAY_NODE_CPUS = 2
 """Ray CPUs per node of the test cluster: each node's window is 2 tasks."""
 
+RAY_NODE_GPUS = 2
+"""GPUs node 0 of the test Ray cluster reports (a logical count: no GPU is used)."""
+
 
 def ray_node_resource(index: int) -> str:
     """The custom resource only node ``index`` of the test Ray cluster has (to aim at a node)."""
@@ -188,8 +191,8 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ``tests/loopback.py`` for why); the fixture checks that both nodes report 127.0.0.1 and that
     every socket of every Ray process is on 127.0.0.1 when the cluster is up and again at the
     end, and that every Ray process is gone after shutdown. Each node has its own
-    ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; both find the tests'
-    helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs, node_args)``;
+    ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; node 0 reports
+    ``RAY_NODE_GPUS`` GPUs; both find the tests' helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs, node_args)``;
     ``cluster.add_node(**node_args(1))`` starts a replacement for node 1.
     """
     pytest.importorskip("ray")
@@ -205,6 +208,10 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     def node_args(i: int) -> dict[str, Any]:
         return {
             "num_cpus": RAY_NODE_CPUS,
+            # Node 0 says it has GPUs (Ray counts them as it is told; nothing here asks Ray for
+            # one): devices_per_node="auto" and options(resources={"GPU": 1}) then have a GPU
+            # node to find.
+            "num_gpus": RAY_NODE_GPUS if i == 0 else 0,
             "resources": {ray_node_resource(i): 1},
             "env_vars": {"TRITON_CACHE_DIR": str(cache_dirs[i]), "PYTHONPATH": python_path},
         }

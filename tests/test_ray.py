@@ -21,14 +21,14 @@ import crashers
 import loopback
 import psutil
 import pytest
-from conftest import RAY_NODE_CPUS, assert_on_loopback_only, ray_node_resource
+from conftest import RAY_NODE_CPUS, RAY_NODE_GPUS, assert_on_loopback_only, ray_node_resource
 from test_faults import FAULTS, HANG_TIMEOUT_S, _assert_gone
 
 pytest.importorskip("ray")
 
 import ray  # noqa: E402
 
-from precompile_executor import WorkerCrashedError  # noqa: E402
+from precompile_executor import WorkerCrashedError, worker_device  # noqa: E402
 from precompile_executor._cluster_plan import has_resources, pick_node  # noqa: E402
 from precompile_executor.ray import (  # noqa: E402
     NodeLostError,
@@ -228,14 +228,86 @@ def test_interrupt_kills_running_tasks_on_their_nodes(ray_cluster: Any, tmp_path
 def test_a_task_that_asks_for_what_no_node_has_waits_and_can_be_cancelled(
     ray_cluster: Any,
 ) -> None:
-    """``options(resources={"GPU": 1})`` on a cluster without GPUs: queued, not failed (a GPU
-    node may join), cancellable; the tasks behind it run."""
+    """Queued, not failed (such a node may join), cancellable; the tasks behind it run."""
     with RayPrecompileExecutor() as executor:
-        gpu_task = executor.options(resources={"GPU": 1}).submit(crashers.square, 2)
+        waiting = executor.options(resources={"h200": 1}).submit(crashers.square, 2)
         assert executor.submit(crashers.square, 3).result(timeout=WAIT_S) == 9
-        assert not gpu_task.running() and not gpu_task.done()
+        assert not waiting.running() and not waiting.done()
         assert executor.statistics().queued == 1
-        assert gpu_task.cancel()
+        assert waiting.cancel()
+
+
+def _where() -> tuple[str | None, str | None, str | None]:
+    return (
+        os.environ.get("TRITON_CACHE_DIR"),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        worker_device(),
+    )
+
+
+@pytest.mark.timeout(60)
+def test_gpu_tasks_go_to_the_gpu_node_and_its_workers_are_pinned(ray_cluster: Any) -> None:
+    """``options(resources={"GPU": 1})`` reaches only the node with GPUs; ``devices_per_node``
+    pins each node's pool workers, evenly ("auto": the GPUs Ray counts on that node)."""
+    _, cache_dirs, _ = ray_cluster
+    with RayPrecompileExecutor(devices_per_node="auto") as executor:
+        executor.warm_up(timeout=WAIT_S)
+        gpu = executor.options(resources={"GPU": 1})
+        seen = [f.result(timeout=WAIT_S) for f in [gpu.submit(_where) for _ in range(6)]]
+        assert {cache for cache, _, _ in seen} == {str(cache_dirs[0])}  # node 0 only
+        assert {d for _, _, d in seen} <= {str(i) for i in range(RAY_NODE_GPUS)}
+        assert all(visible == device for _, visible, device in seen)
+        other = executor.options(resources={ray_node_resource(1): 1}).submit(_where)
+        assert other.result(timeout=WAIT_S)[2] is None  # no GPU there: not pinned
+    with RayPrecompileExecutor(devices_per_node=[3, 5], max_workers_per_node=2) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        seen = [executor.submit(_where).result(timeout=WAIT_S) for _ in range(4)]
+        assert {d for _, _, d in seen} <= {"3", "5"} and all(d for _, _, d in seen)
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_node_actor_fails_its_tasks_and_is_replaced_on_its_node(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.log"
+    node = ray.nodes()[0]["NodeID"]
+    with RayPrecompileExecutor(max_workers_per_node=2) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        futures = [executor.submit(crashers.square_and_log, i, str(log), 1.0) for i in range(8)]
+        _wait_until(lambda: executor.statistics().running == 4)
+        victim = node_actors()[node]
+        ray.kill(victim, no_restart=True)
+        errors = [f.exception(timeout=WAIT_S) for f in futures]
+        lost = [i for i, e in enumerate(errors) if e is not None]
+        assert len(lost) == 2 and all(isinstance(errors[i], NodeLostError) for i in lost)
+        assert all(node in str(errors[i]) for i in lost)
+        runs = _runs(log)
+        assert [i for i in range(8) if i not in lost and runs.count(i) != 1] == []
+        assert all(runs.count(i) <= 1 for i in lost)  # never re-run
+        _wait_until(lambda: node in executor.nodes())  # a new actor, on the same node
+        assert node_actors()[node] is not victim
+        view = executor.options(resources={ray_node_resource(0): 1})
+        assert view.submit(crashers.square, 6).result(timeout=WAIT_S) == 36
+        assert executor.statistics().nodes_lost == 1
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_the_with_block_kills_what_runs_on_every_node(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    pid_files = [tmp_path / f"grandchild-{i}.pid" for i in range(2)]
+    hung: list[Any] = []
+    with pytest.raises(KeyboardInterrupt):
+        with RayPrecompileExecutor(max_workers_per_node=1) as executor:
+            hung = [executor.submit(crashers.hang_with_grandchild, str(p)) for p in pid_files]
+            _wait_until(
+                lambda: all(f.running() for f in hung) and all(p.exists() for p in pid_files)
+            )
+            raise KeyboardInterrupt
+    for f in hung:  # one on each node, both killed
+        assert isinstance(f.exception(timeout=WAIT_S), WorkerCrashedError)
+    for p in pid_files:
+        _assert_gone(int(p.read_text()))
 
 
 # -- settings ---------------------------------------------------------------------------------------
