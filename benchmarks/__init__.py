@@ -9,13 +9,16 @@ Layout (one job per module):
   child and checks afterwards that no process it started is left.
 * :mod:`benchmarks._tasks` — the module-level task functions the pools run (no-op, hangs,
   crashes, the torch+triton initializer).
-* :mod:`benchmarks._kernels` — one Triton matmul kernel, its configs, and ``compile_config``.
+* :mod:`benchmarks._kernels` — the configs of the package's example matmul kernel
+  (``precompile_executor/examples/kernels.py``) and ``compile_config``.
 * :mod:`benchmarks._seed` — minimal re-implementations of Helion's two modes: one forked child
   per task and one fresh interpreter per task.
 * :mod:`benchmarks._pools` — uniform handles on the alternative pools (stdlib, loky, pebble).
 * :mod:`benchmarks._common` — the run context, timing, process inspection, the machine stamp.
-* :mod:`benchmarks._report` — tables, target ratios, Markdown and the plot.
-* ``s1_overhead`` … ``s8_starts`` — one module per scenario.
+* :mod:`benchmarks._report` — the one renderer: tables (``Table.of(rows)``), target ratios,
+  plot panels (``bars``), Markdown and the PNG.
+* ``s1_overhead`` … ``s9_versus`` — one module per scenario, each shaped measure → rows →
+  ``Section``; ``s9_versus`` compares with another revision of the library (``--against``).
 * :mod:`benchmarks._replace_latency` — run on its own: where the time from a worker's crash (or
   timeout kill) to its replacement starting the next task goes, step by step.
 

@@ -67,8 +67,7 @@ def warm_workers(ex: pe.PrecompileExecutor) -> list[int]:
 
 def collect(futures: Sequence[Future[Any]], start: float) -> BatchRun:
     """Wait for a batch's futures (each a ``compile_config`` result) and time it from ``start``."""
-    task_s: list[float] = []
-    errors: list[str] = []
+    task_s, errors = [], []
     for future in futures:
         try:
             task_s.append(future.result(timeout=RESULT_TIMEOUT_S)["elapsed_s"])
@@ -96,27 +95,22 @@ def on_executor(
     return collect(futures, start)
 
 
-def seed_fork(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
-    """The seed's fork mode, from this process."""
+def seed_fork(configs: Sequence[Config], cache: str, jobs: int, spawn: bool = False) -> BatchRun:
+    """The seed's fork mode from this process (``spawn``: its spawn mode, one fresh interpreter
+    per config that imports torch and triton)."""
     start = time.perf_counter()
-    outcomes = _seed.run_forked([(compile_config, (cfg, cache)) for cfg in configs], jobs)
-    return _from_outcomes(outcomes, start)
+    calls = [(compile_config, (cfg, cache)) for cfg in configs]
+    outcomes = (_seed.run_spawned if spawn else _seed.run_forked)(calls, jobs)
+    return BatchRun(
+        time.perf_counter() - start,
+        [o.value["elapsed_s"] for o in outcomes if o.ok],
+        [o.error for o in outcomes if not o.ok],
+    )
 
 
 def seed_spawn(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
     """The seed's spawn mode: one fresh interpreter per config, importing torch and triton."""
-    start = time.perf_counter()
-    outcomes = _seed.run_spawned([(compile_config, (cfg, cache)) for cfg in configs], jobs)
-    return _from_outcomes(outcomes, start)
-
-
-def _from_outcomes(outcomes: list[_seed.Outcome], start: float) -> BatchRun:
-    wall = time.perf_counter() - start
-    return BatchRun(
-        wall,
-        [o.value["elapsed_s"] for o in outcomes if o.ok],
-        [o.error for o in outcomes if not o.ok],
-    )
+    return seed_fork(configs, cache, jobs, spawn=True)
 
 
 def seed_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:

@@ -11,7 +11,6 @@ import os
 import platform
 import statistics
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,18 +31,13 @@ supervisor finds any process left behind, even one re-parented to init."""
 class Context:
     """Settings and shared results of one benchmark run.
 
-    Attributes:
-        quick: tiny sizes, one repeat (the smoke test).
-        workers: parallel workers for the batch scenarios.
-        n_configs: configs in the compile batch.
-        repeats: runs per measured strategy (the median is reported).
-        tmp: this scenario's scratch directory (caches, result files), removed at the end.
-        cores: CPUs this process may use.
-        shared: results one scenario leaves for a later one (e.g. warm compile times); they
-            travel between the scenario processes in a JSON file.
-        started: ``time.monotonic()`` at the start of the run (the clock is system-wide).
-        out: the output directory (for a scenario's own figures, e.g. a Gantt chart).
-        contention: also measure fewer workers than cores and pinned workers (scenario 7).
+    ``quick``: tiny sizes, one repeat (the smoke test); ``repeats``: runs per measured strategy
+    (the median is reported); ``tmp``: this scenario's scratch directory, removed at the end;
+    ``shared``: results one scenario leaves for a later one (e.g. warm compile times), carried
+    between the scenario processes in a JSON file; ``started``: ``time.monotonic()`` at the
+    start of the run (the clock is system-wide); ``out``: the output directory (for a
+    scenario's own figures); ``contention``: scenario 7 also measures fewer workers than cores
+    and pinned workers; ``against``: the revision scenario 9 compares this tree with.
     """
 
     quick: bool
@@ -56,10 +50,12 @@ class Context:
     started: float = dataclasses.field(default_factory=time.monotonic)
     out: Path | None = None
     contention: bool = False
+    against: str = "333c6ad"
+    key: str = ""
     _dirs: int = 0
 
     def fresh_dir(self, label: str) -> str:
-        """A new empty directory under the run's scratch directory (e.g. a fresh Triton cache)."""
+        """A new empty directory under the scratch directory (e.g. a fresh Triton cache)."""
         self._dirs += 1
         path = self.tmp / f"{self._dirs:03d}-{label}"
         path.mkdir(parents=True)
@@ -71,22 +67,16 @@ class Context:
 
 
 class LoadMonitor:
-    """Samples, once a second, the CPU time that processes *outside* this run use.
+    """Samples, once a second, the CPU time that processes *outside* this run use, so a reader
+    can judge how shared the machine was while each scenario ran. Processes of this run carry
+    :data:`RUN_TAG_ENV` in their environment and are left out."""
 
-    Other people's jobs on a shared machine slow a benchmark down; this says by how much the
-    machine was shared while each scenario ran (in cores, averaged), so a reader can judge.
-    Processes of this run carry :data:`RUN_TAG_ENV` in their environment and are left out.
-    """
-
-    INTERVAL_S = 1.0
-
-    def __init__(self, tag: str | None) -> None:
+    def __init__(self, tag: str) -> None:
         self._tag = tag
         self._ours: dict[int, bool] = {}
         self._last: dict[int, float] = {}
         self._last_time = 0.0
         self._foreign_s = 0.0
-        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-load", daemon=True)
 
@@ -100,43 +90,35 @@ class LoadMonitor:
 
     def foreign_cpu_s(self) -> float:
         """CPU seconds used by processes outside this run since :meth:`start`."""
-        with self._lock:
-            return self._foreign_s
+        return self._foreign_s  # one float, written by one thread
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.INTERVAL_S):
+        while not self._stop.wait(1.0):
             self._sample()
 
     def _is_ours(self, proc: psutil.Process) -> bool:
-        known = self._ours.get(proc.pid)
-        if known is None:
-            try:
+        if proc.pid not in self._ours:
+            env: dict[str, str] = {}
+            with contextlib.suppress(psutil.Error):
                 env = proc.environ()
-            except psutil.Error:
-                env = {}
-            known = self._tag is not None and env.get(RUN_TAG_ENV) == self._tag
-            known = known or proc.pid == os.getpid()
-            self._ours[proc.pid] = known
-        return known
+            ours = env.get(RUN_TAG_ENV) == self._tag or proc.pid == os.getpid()
+            self._ours[proc.pid] = ours
+        return self._ours[proc.pid]
 
     def _sample(self) -> None:
-        total = 0.0
-        seen: dict[int, float] = {}
-        now = time.time()
+        total, seen, now = 0.0, {}, time.time()
         for proc in psutil.process_iter(["cpu_times", "create_time"]):
             times = proc.info.get("cpu_times")
             if times is None or self._is_ours(proc):
                 continue
-            used = times.user + times.system
-            seen[proc.pid] = used
+            seen[proc.pid] = used = times.user + times.system
             if proc.pid in self._last:
                 total += used - self._last[proc.pid]
             elif (proc.info.get("create_time") or 0) > self._last_time:
                 total += used  # started since the last sample: all of its time is new
-        with self._lock:
-            if self._last_time:
-                self._foreign_s += max(0.0, total)
-            self._last, self._last_time = seen, now
+        if self._last_time:
+            self._foreign_s += max(0.0, total)
+        self._last, self._last_time = seen, now
 
 
 def usable_cores() -> int:
@@ -163,24 +145,23 @@ def median(values: Iterable[float]) -> float:
 def spread(values: Iterable[float], fmt: str = "{:.2f}") -> str:
     """``"median (min–max)"`` of ``values``, or just the value when there is one."""
     data = sorted(values)
-    if not data:
-        return "—"
-    if len(data) == 1:
-        return fmt.format(data[0])
+    if len(data) < 2:
+        return fmt.format(data[0]) if data else "—"
     return f"{fmt.format(median(data))} ({fmt.format(data[0])}–{fmt.format(data[-1])})"
 
 
 # -- processes -------------------------------------------------------------------------------
 
 
+def _alive(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+    return False
+
+
 def descendants() -> dict[int, psutil.Process]:
     """This process's live descendants, by pid."""
-    procs = {}
-    for proc in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                procs[proc.pid] = proc
-    return procs
+    return {p.pid: p for p in psutil.Process().children(recursive=True) if _alive(p)}
 
 
 def is_gone(pid: int) -> bool:
@@ -193,18 +174,14 @@ def is_gone(pid: int) -> bool:
         return False
 
 
-def wait_gone(pids: Iterable[int], timeout_s: float, poll_s: float = 0.002) -> float | None:
+def wait_gone(pids: Iterable[int], timeout_s: float) -> float | None:
     """Wait until every pid is gone; return ``time.monotonic()`` then, or ``None`` on timeout."""
-    pending = set(pids)
-    end = time.monotonic() + timeout_s
-    while True:
-        pending = {p for p in pending if not is_gone(p)}
-        now = time.monotonic()
-        if not pending:
-            return now
-        if now > end:
+    pending, end = set(pids), time.monotonic() + timeout_s
+    while pending := {p for p in pending if not is_gone(p)}:
+        if time.monotonic() > end:
             return None
-        time.sleep(poll_s)
+        time.sleep(0.002)
+    return time.monotonic()
 
 
 def memory_mib(pid: int) -> tuple[float, float | None]:
@@ -218,37 +195,24 @@ def memory_mib(pid: int) -> tuple[float, float | None]:
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Every process (but this one) whose environment carries ``RUN_TAG_ENV=tag``."""
+    """Every live process (but this one) whose environment carries ``RUN_TAG_ENV=tag``."""
     found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
+    for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get(RUN_TAG_ENV) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.pid != os.getpid() and proc.environ().get(RUN_TAG_ENV) == tag and _alive(proc):
                 found.append(proc)
     return found
 
 
 def describe(proc: psutil.Process) -> str:
     """``pid: command line`` (shortened) of a process, for a leak report."""
-    try:
+    cmd = "?"
+    with contextlib.suppress(psutil.Error):
         cmd = " ".join(proc.cmdline()) or proc.name()
-    except psutil.Error:
-        cmd = "?"
     return f"{proc.pid}: {cmd[:120]}"
 
 
 # -- the stamp -------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def version(dist: str) -> str:
@@ -262,7 +226,7 @@ def version(dist: str) -> str:
 def git_revision() -> str:
     """The repository's commit (``+dirty`` when the working tree has changes), or ``"?"``."""
     root = Path(__file__).resolve().parent.parent
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(
             ["git", "-C", str(root), "describe", "--always", "--dirty=+dirty"],
             capture_output=True,
@@ -270,28 +234,28 @@ def git_revision() -> str:
             timeout=10,
             check=True,
         )
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    return out.stdout.strip() or "?"
+        return out.stdout.strip() or "?"
+    return "?"
 
 
 def stamp(cores: int, command: str) -> dict[str, str]:
     """Machine, versions and date: printed beside every table and figure."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        models = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ":" in ln]
+        cpu = next((ln.split(":", 1)[1].strip() for ln in models if "model name" in ln), cpu)
     memory = psutil.virtual_memory().total / 2**30
-    return {
-        "machine": f"{cpu_model()}, {cores} cores usable ({os.cpu_count()} present), "
+    info = {
+        "machine": f"{cpu}, {cores} cores usable ({os.cpu_count()} present), "
         f"{memory:.0f} GiB RAM, {platform.system()} {platform.release()}",
         "python": platform.python_version(),
-        "torch": version("torch"),
-        "triton": version("triton"),
-        "loky": version("loky"),
-        "pebble": version("pebble"),
-        "cloudpickle": version("cloudpickle"),
-        "psutil": version("psutil"),
-        "precompile_executor": f"{version('precompile-executor')} ({git_revision()})",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command,
     }
+    for dist in ("torch", "triton", "loky", "pebble", "cloudpickle", "psutil"):
+        info[dist] = version(dist)
+    info["precompile_executor"] = f"{version('precompile-executor')} ({git_revision()})"
+    info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["command"] = command
+    return info
 
 
 def stamp_line(info: dict[str, str]) -> str:
@@ -300,11 +264,6 @@ def stamp_line(info: dict[str, str]) -> str:
         f"{info['machine']} | Python {info['python']}, torch {info['torch']}, "
         f"Triton {info['triton']}, loky {info['loky']}, pebble {info['pebble']} | {info['date']}"
     )
-
-
-def scratch_dir() -> Path:
-    """A new scratch directory for one run."""
-    return Path(tempfile.mkdtemp(prefix="precompile-bench-"))
 
 
 def load_shared(path: Path) -> dict[str, Any]:
@@ -319,6 +278,5 @@ def load_shared(path: Path) -> dict[str, Any]:
 
 def save_shared(path: Path, shared: dict[str, Any]) -> None:
     """Write :attr:`Context.shared` for the next scenario process."""
-    data = dict(shared)
-    data["warm_times"] = [[list(cfg), t] for cfg, t in shared.get("warm_times", {}).items()]
-    path.write_text(json.dumps(data))
+    warm = [[list(cfg), t] for cfg, t in shared.get("warm_times", {}).items()]
+    path.write_text(json.dumps({**shared, "warm_times": warm}))

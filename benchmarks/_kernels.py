@@ -1,4 +1,4 @@
-"""The compile task: one Triton matmul config compiled for sm_90, with no GPU needed.
+"""The compile task: one config of the package's matmul kernel compiled for sm_90, no GPU needed.
 
 ``compile_config(cfg, cache_dir)`` is what every strategy of the batch scenarios runs, in a
 worker, a forked child, a fresh interpreter or a thread. It calls ``triton.compile`` on an
@@ -9,6 +9,9 @@ and 3.9: signature keys are argument names, constexpr arguments appear in the si
 The cache directory is an argument, not inherited: warm workers were started before the
 strategy's fresh cache existed, so the task points ``TRITON_CACHE_DIR`` at it itself (Triton
 reads that variable on every compile).
+
+It imports nothing of the library but the example kernel, so that ``benchmarks.s9_versus`` can
+run it against an older version of the library.
 """
 
 # Triton's decorators and kernels are untyped.
@@ -29,8 +32,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import precompile_executor as pe
-from precompile_executor.triton import triton_prior_s
+from precompile_executor.examples import kernels as examples
 
 Config = tuple[int, int, int, int, int]
 """``(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)``."""
@@ -42,50 +44,9 @@ _SHARED_MEMORY_BYTES = 232_448
 """sm_90's shared memory per block: configs that could never launch there are left out."""
 
 
-@triton.jit
-def matmul(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """C = A @ B (fp16 in, fp32 accumulate), tiles in grouped order."""
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = min(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % in_group) % group_size)
-    pid_n = (pid % in_group) // group_size
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    rk = tl.arange(0, BLOCK_K)
-    a = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
-    b = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        x = tl.load(a, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
-        y = tl.load(b, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
-        acc = tl.dot(x, y, acc)
-        a += BLOCK_K * stride_ak
-        b += BLOCK_K * stride_bk
-    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (cm[:, None] < M) & (cn[None, :] < N)
-    tl.store(c_ptr + cm[:, None] * stride_cm + cn[None, :] * stride_cn, acc.to(tl.float16), mask)
+matmul = examples.matmul_kernel.fn
+"""The package's matmul kernel (``precompile_executor/examples/kernels.py``) without its autotune
+configs: the benchmarks sweep their own configs of it."""
 
 
 @triton.jit
@@ -145,21 +106,6 @@ def compile_config(cfg: Config, cache_dir: str, log_path: str | None = None) -> 
         "pid": os.getpid(),
         "cubin_bytes": len(kernel.asm["cubin"]),
     }
-
-
-def _config_estimate(cfg: Config, cache_dir: str, log_path: str | None = None) -> pe.Estimate:
-    bm, bn, bk, stages, warps = cfg
-    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
-    return pe.Estimate(seconds=triton_prior_s(blocks, num_warps=warps, num_stages=stages))
-
-
-@pe.estimated_cost(_config_estimate)
-def compile_config_costed(
-    cfg: Config, cache_dir: str, log_path: str | None = None
-) -> dict[str, Any]:
-    """:func:`compile_config`, declaring its prior cost (the Triton config prior) to the executor:
-    what a compile function written for the executor does. The caller passes no hint."""
-    return compile_config(cfg, cache_dir, log_path)
 
 
 @contextmanager

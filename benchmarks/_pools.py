@@ -1,88 +1,57 @@
 """Uniform handles on the pools the benchmark compares, each started and stopped the same way.
 
 Every handle has ``submit(fn, *args)`` → a ``concurrent.futures.Future``, ``map(fn, items,
-chunksize)`` → results in order, and ``close()``, which stops every worker process it started
-(killing them if needed). Alternatives that are not installed are reported by :func:`missing`
-and skipped by the scenarios, which say so in their output.
+chunksize)`` → results in order, and ``close()`` (also on leaving a ``with`` block), which stops
+every worker process it started, killing them if needed. :func:`each` starts the named pools one
+after another and skips, with a note, those whose package is not installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import precompile_executor as pe
-
-
-def missing(name: str) -> str | None:
-    """Why pool ``name`` can't run here (``None`` when it can)."""
-    if name == "pebble":
-        try:
-            import pebble  # noqa: F401
-        except ImportError:
-            return "pebble is not installed"
-    if name == "loky":
-        try:
-            import loky  # noqa: F401
-        except ImportError:
-            return "loky is not installed"
-    return None
 
 
 class Pool:
     """A started pool of one kind; see the module docstring."""
 
     def __init__(self, name: str, executor: Any, close: Callable[[], None]) -> None:
-        self.name = name
-        self.executor = executor
-        self._close = close
+        self.name, self.executor, self.close = name, executor, close
+        self.timeout: float | None = None  # per task, where the pool has one (pebble)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
         return self.executor.submit(fn, *args)  # type: ignore[no-any-return]
 
-    def map(
-        self, fn: Callable[..., Any], items: Iterable[Any], chunksize: int = 1
-    ) -> Iterator[Any]:
-        return self.executor.map(fn, items, chunksize=chunksize)  # type: ignore[no-any-return]
+    def map(self, fn: Callable[..., Any], *items: Iterable[Any], chunksize: int = 1) -> Any:
+        return self.executor.map(fn, *items, chunksize=chunksize)
 
-    def close(self) -> None:
-        """Stop every worker this pool started (killing them if they don't stop)."""
-        self._close()
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
-class _PebblePool(Pool):
-    """pebble's ``ProcessPool`` behind the same interface; ``timeout`` per task is pebble's own."""
-
-    def __init__(self, workers: int, initializer: Callable[[], None] | None) -> None:
-        import pebble
-
-        pool: Any = pebble.ProcessPool(max_workers=workers, initializer=initializer)
-
-        def close() -> None:
-            pool.stop()
-            pool.join(timeout=30)
-
-        super().__init__("pebble ProcessPool", pool, close)
-        self.timeout: float | None = None
-
+class _Pebble(Pool):
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
         return self.executor.schedule(fn, args=args, timeout=self.timeout)  # type: ignore[no-any-return]
 
-    def map(
-        self, fn: Callable[..., Any], items: Iterable[Any], chunksize: int = 1
-    ) -> Iterator[Any]:
-        return self.executor.map(fn, items, chunksize=chunksize).result()  # type: ignore[no-any-return]
+    def map(self, fn: Callable[..., Any], *items: Iterable[Any], chunksize: int = 1) -> Any:
+        return self.executor.map(fn, *items, chunksize=chunksize).result()
 
 
-def _shutdown_kill(executor: Executor) -> Callable[[], None]:
-    def close() -> None:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-    return close
+def missing(name: str) -> str | None:
+    """Why pool ``name`` can't run here (``None`` when it can)."""
+    if name in ("pebble", "loky") and importlib.util.find_spec(name) is None:
+        return f"{name} is not installed"
+    return None
 
 
 def start(name: str, workers: int, initializer: Callable[[], None] | None = None) -> Pool:
@@ -100,35 +69,48 @@ def start(name: str, workers: int, initializer: Callable[[], None] | None = None
             # Python 3.12+ warns that fork() with threads running may deadlock; the stdlib pool
             # is measured as people use it.
             warnings.simplefilter("ignore", DeprecationWarning)
-            ppe = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context(method), initializer=initializer
-            )
-        return Pool(f"stdlib PPE ({method})", ppe, _ppe_closer(ppe))
+            context = multiprocessing.get_context(method)
+            ppe = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
+
+        def close_ppe() -> None:
+            with contextlib.suppress(Exception):
+                getattr(ppe, "kill_workers", lambda: None)()  # Python 3.14+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                ppe.shutdown(wait=True, cancel_futures=True)
+
+        return Pool(f"stdlib PPE ({method})", ppe, close_ppe)
     if name == "loky":
         import loky
 
         lky = loky.get_reusable_executor(max_workers=workers, initializer=initializer)
-
-        def close_loky() -> None:
-            lky.shutdown(wait=True, kill_workers=True)
-
-        return Pool("loky reusable", lky, close_loky)
+        return Pool("loky reusable", lky, lambda: lky.shutdown(wait=True, kill_workers=True))
     if name == "pebble":
-        return _PebblePool(workers, initializer)
+        import pebble
+
+        pool: Any = pebble.ProcessPool(max_workers=workers, initializer=initializer)
+        return _Pebble("pebble ProcessPool", pool, lambda: (pool.stop(), pool.join(timeout=30)))
     if name == "threads":
         tpe = ThreadPoolExecutor(workers)
-        return Pool(f"ThreadPoolExecutor({workers})", tpe, _shutdown_kill(tpe))
+        return Pool(
+            f"ThreadPoolExecutor({workers})", tpe, lambda: tpe.shutdown(True, cancel_futures=True)
+        )
     raise ValueError(f"unknown pool {name!r}")
 
 
-def _ppe_closer(ppe: ProcessPoolExecutor) -> Callable[[], None]:
-    def close() -> None:
-        kill = getattr(ppe, "kill_workers", None)  # Python 3.14+
-        if kill is not None:
-            with contextlib.suppress(Exception):
-                kill()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            ppe.shutdown(wait=True, cancel_futures=True)
-
-    return close
+def each(
+    names: Iterable[str],
+    workers: int,
+    ctx: Any,
+    skipped: list[str],
+    initializer: Callable[[], None] | None = None,
+) -> Iterator[Pool]:
+    """Start each installed pool of ``names`` in turn (the caller closes it: ``with pool:``);
+    note the others in ``skipped``."""
+    for name in names:
+        why = missing(name)
+        if why:
+            skipped.append(f"{name}: skipped, {why}")
+            continue
+        ctx.log(f"{ctx.key}: {name}")
+        yield start(name, workers, initializer)

@@ -19,7 +19,46 @@ class Table:
     rows: list[list[str]] = dataclasses.field(default_factory=list)
 
     def add(self, *cells: Any) -> None:
-        self.rows.append([str(c) for c in cells])
+        self.rows.append([cell(c) for c in cells])
+
+    @classmethod
+    def of(cls, title: str, rows: list[dict[str, Any]]) -> Table:
+        """A table of ``rows``: the first row's keys are the columns, values go through
+        :func:`cell`."""
+        table = cls(title, list(rows[0]) if rows else [])
+        for row in rows:
+            table.add(*row.values())
+        return table
+
+
+def cell(value: Any) -> str:
+    """A table cell: floats with two decimals, NaN and ``None`` as a dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def intro(doc: str | None) -> str:
+    """A scenario module's docstring without its first line, as one paragraph."""
+    return " ".join((doc or "").split("\n\n", 1)[-1].split())
+
+
+def bars(
+    title: str,
+    labels: list[str],
+    series: dict[str, tuple[list[float], str]],
+    xlabel: str = "wall seconds",
+    **options: Any,
+) -> dict[str, Any]:
+    """A plot panel (see :func:`plot`): one bar group per label, one bar per series."""
+    spec = {"title": title, "labels": labels, "xlabel": xlabel, **options}
+    spec["series"] = [(name, values, color) for name, (values, color) in series.items()]
+    return spec
+
+
+def colors(labels: list[str]) -> list[str]:
+    """Orange for this library's bars, blue for the others'."""
+    return ["tab:orange" if n.startswith(("Precompile", "ours")) else "tab:blue" for n in labels]
 
 
 @dataclasses.dataclass
@@ -54,11 +93,15 @@ class Target:
             return f"goal missed by {gap:.0f}%, within the hard limit"
         return f"MISSED by {gap:.0f}%"
 
-    def describe(self) -> str:
+    def cells(self) -> tuple[str, str]:
+        """(measured, goal) as text."""
         limit = f"{self.op} {self.goal:g}{self.unit}"
         if self.must is not None:
             limit += f" (must {self.op} {self.must:g}{self.unit})"
-        value = "n/a" if math.isnan(self.value) else f"{self.value:.2f}{self.unit}"
+        return "n/a" if math.isnan(self.value) else f"{self.value:.2f}{self.unit}", limit
+
+    def describe(self) -> str:
+        value, limit = self.cells()
         return f"{self.name}: {value}, target {limit}: {self.verdict}"
 
 
@@ -73,10 +116,6 @@ class Section:
     targets: list[Target] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     plot: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-def fmt_s(seconds: float) -> str:
-    return "—" if math.isnan(seconds) else f"{seconds:.2f}"
 
 
 def fmt_us(seconds: float) -> str:
@@ -110,11 +149,9 @@ def print_section(section: Section) -> None:
 
 
 def _md_table(table: Table) -> str:
-    lines = [f"**{table.title}**", ""]
-    lines.append("| " + " | ".join(table.columns) + " |")
-    lines.append("|" + "|".join("---" for _ in table.columns) + "|")
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table.rows]
-    return "\n".join(lines)
+    head = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table.rows]
+    return "\n".join([f"**{table.title}**", "", *head, *body])
 
 
 def markdown(
@@ -142,11 +179,7 @@ def markdown(
     ]
     for section in sections:
         for t in section.targets:
-            value = "n/a" if math.isnan(t.value) else f"{t.value:.2f}{t.unit}"
-            goal = f"{t.op} {t.goal:g}{t.unit}" + (
-                f" (must {t.op} {t.must:g}{t.unit})" if t.must is not None else ""
-            )
-            out.append(f"| {section.key} | {t.name} | {value} | {goal} | {t.verdict} |")
+            out.append(f"| {section.key} | {t.name} | {' | '.join(t.cells())} | {t.verdict} |")
     misses = [(s, t) for s in sections for t in s.targets if t.verdict != "met" and t.why]
     if misses:
         out += ["", "Why the missed targets were missed:", ""]
@@ -200,9 +233,10 @@ def plot(sections: list[Section], info: dict[str, str], path: Path) -> bool:
 
 def _panel(ax: Any, spec: dict[str, Any], title: str) -> None:
     labels = spec["labels"]
-    series = spec.get("series") or [
-        ("", spec["values"], spec.get("colors") or ["tab:blue"] * len(labels))
-    ]
+    series = spec.get("series")
+    if not series or len(series) == 1 and not series[0][0]:
+        values = series[0][1] if series else spec["values"]
+        series = [("", values, spec.get("colors") or colors(labels))]
     height = 0.8 / len(series)
     fmt = spec.get("fmt", "{:.2f}")
     for k, (name, values, color) in enumerate(series):

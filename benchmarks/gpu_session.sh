@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
 #   bash benchmarks/gpu_session.sh probe     # can a child forked from a template use CUDA?
+#   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
+#     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .v01 made by
+#     `mkdir .v01 && git archive 333c6ad precompile_executor | tar -x -C .v01`: no git history there)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,9 +69,14 @@ case "${1:-tests}" in
   ordering)
     timeout "${ORDERING_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs 64 --repeats 1 --only s7 \
       --contention --out "$OUT/ordering" 2>&1 | tee "$OUT/ordering.log" | tail -60 ;;
+  versus)
+    timeout "${VERSUS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 2 --only s9 \
+      --against "${AGAINST:-.v01}" --out "$OUT/versus" 2>&1 | tee "$OUT/versus.log" | tail -30 ;;
   probe)
     timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
+    # HELION_ONLY="skew matmul" picks scenarios, HELION_ROUNDS the interleaved rounds (default 3).
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
-      --timeout "${HELION_SCENARIO_TIMEOUT:-150}" ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+      --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
+      ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
 esac

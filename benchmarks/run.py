@@ -9,7 +9,8 @@ Usage (from the repository root)::
 Options: ``--out DIR`` (default ``docs``), ``--workers N`` (default 2, or the usable cores if
 fewer), ``--configs N`` (default 12; 4 with ``--quick``), ``--repeats N`` (runs per measured
 strategy, median reported; default 3, 1 with ``--quick``), ``--only s1,s4`` (a subset),
-``--contention`` (scenario 7 also measures fewer workers than cores, and pinned workers).
+``--contention`` (scenario 7 also measures fewer workers than cores, and pinned workers),
+``--against REV`` (the version scenario 9 compares with; default 333c6ad, v0.1).
 
 This command is a supervisor that imports neither torch nor triton. It runs each scenario in a
 child interpreter of its own (which imports torch and triton first, as an autotuner's process
@@ -32,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -47,7 +49,6 @@ from ._common import (
     describe,
     load_shared,
     save_shared,
-    scratch_dir,
     stamp,
     stamp_line,
     tagged_processes,
@@ -64,6 +65,7 @@ SCENARIOS = {
     "s6": "benchmarks.s6_scaling",
     "s7": "benchmarks.s7_ordering",
     "s8": "benchmarks.s8_starts",
+    "s9": "benchmarks.s9_versus",
 }
 
 EXIT_FAILED = 1
@@ -91,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         "--contention",
         action="store_true",
         help="s7: also measure fewer workers than cores, and workers pinned to cores",
+    )
+    p.add_argument(
+        "--against",
+        default="333c6ad",
+        help="s9: the git revision to compare with (default: 333c6ad, v0.1)",
     )
     p.add_argument("--_scenario", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_state", default=None, help=argparse.SUPPRESS)
@@ -150,7 +157,7 @@ def _supervise(args: argparse.Namespace, argv: list[str], keys: list[str]) -> in
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
     # Triton 3.9 warns once per process that this default will change; pin today's default.
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    state = scratch_dir()
+    state = Path(tempfile.mkdtemp(prefix="precompile-bench-"))
     load = LoadMonitor(tag)
     load.start()
     sections: list[_report.Section] = []
@@ -196,19 +203,8 @@ def _supervise(args: argparse.Namespace, argv: list[str], keys: list[str]) -> in
 
 
 def _run_child(argv: list[str], key: str, state: Path, t0: float, env: dict[str, str]) -> int:
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.run",
-        *argv,
-        "--_scenario",
-        key,
-        "--_state",
-        str(state),
-        "--_t0",
-        repr(t0),
-    ]
-    child = subprocess.Popen(cmd, env=env)
+    own = ["--_scenario", key, "--_state", str(state), "--_t0", repr(t0)]
+    child = subprocess.Popen([sys.executable, "-m", "benchmarks.run", *argv, *own], env=env)
     try:
         return child.wait(timeout=SCENARIO_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -225,18 +221,12 @@ def _run_child(argv: list[str], key: str, state: Path, t0: float, env: dict[str,
 
 
 def _load_section(state: Path, key: str, code: int) -> _report.Section:
-    path = state / f"{key}.pickle"
-    try:
-        with path.open("rb") as f:
+    with contextlib.suppress(OSError, pickle.UnpicklingError, EOFError):
+        with (state / f"{key}.pickle").open("rb") as f:
             section: _report.Section = pickle.load(f)
         return section
-    except (OSError, pickle.UnpicklingError, EOFError):
-        return _report.Section(
-            key,
-            f"{key}: FAILED",
-            f"The scenario process exited with status "
-            f"{code} and left no results; see the run's output.",
-        )
+    why = f"The scenario process exited with status {code} and left no results; see its output."
+    return _report.Section(key, f"{key}: FAILED", why)
 
 
 def _wait_for_tagged(tag: str, timeout_s: float) -> list:  # type: ignore[type-arg]
@@ -259,21 +249,20 @@ def _leak_note(left: list) -> str:  # type: ignore[type-arg]
             "Cleanup: no process started by this scenario (workers, forked children, "
             "grandchildren, helpers) was alive after it ended."
         )
-    return f"Cleanup: {len(left)} process(es) outlived this scenario and were killed: " + "; ".join(
-        describe(p) for p in left
-    )
+    killed = "; ".join(describe(p) for p in left)
+    return f"Cleanup: {len(left)} process(es) outlived this scenario and were killed: {killed}"
 
 
 def _cleanup_markdown(leaked: int, scenarios: int) -> str:
+    found = (
+        f"**{leaked} process(es) leaked** (see the scenarios' notes)."
+        if leaked
+        else f"none was left after any of the {scenarios} scenarios."
+    )
     return (
         "\n## Cleanup\n\nEach scenario ran in its own process. After each one exited, the "
         "supervisor looked for any process carrying this run's id in its environment (workers, "
-        "forked children, fresh interpreters, `sleep` grandchildren, helpers): "
-        + (
-            f"**{leaked} process(es) leaked** (see the scenarios' notes).\n"
-            if leaked
-            else f"none was left after any of the {scenarios} scenarios.\n"
-        )
+        f"forked children, fresh interpreters, `sleep` grandchildren, helpers): {found}\n"
     )
 
 
@@ -296,6 +285,8 @@ def _scenario_process(args: argparse.Namespace) -> int:
         started=args._t0 if args._t0 is not None else time.monotonic(),
         out=Path(args.out).resolve(),
         contention=args.contention,
+        against=args.against,
+        key=key,
     )
     ctx.tmp.mkdir()
     shared_path = state / "shared.json"

@@ -3,7 +3,8 @@
 Two figures per pool: throughput of a ``map`` over many no-op tasks (µs per task, all workers
 busy) and the sequential ``submit(...).result()`` round trip (µs, one task in flight). The map
 is also timed over an eighth of the tasks: a per-task cost that grows with the batch means work
-proportional to the queue length somewhere.
+proportional to the queue length somewhere. The fork-per-task and fresh-interpreter rows are the
+seed's two modes (``benchmarks/_seed.py``); their map runs at most ``workers`` at a time.
 """
 
 from __future__ import annotations
@@ -16,229 +17,156 @@ import precompile_executor as pe
 
 from . import _pools, _seed
 from ._common import Context, median, timed
-from ._report import Section, Table, Target, fmt_us
+from ._report import Section, Table, Target, bars, fmt_us, intro
 from ._tasks import noop
 
 REFERENCE_US = {
-    "stdlib PPE (fork)": (97, 195),
-    "stdlib PPE (spawn)": (84, 218),
-    "loky reusable": (141, 342),
-    "pebble ProcessPool": (52, 166),
-    "seed fork mode: one fork per task": (None, 6300),
-    "seed spawn mode: one fresh interpreter per task": (None, 1_500_000),
+    "stdlib PPE (fork)": "97 / 195",
+    "stdlib PPE (spawn)": "84 / 218",
+    "loky reusable": "141 / 342",
+    "pebble ProcessPool": "52 / 166",
+    "seed fork mode: one fork per task": "— / 6,300",
+    "seed spawn mode: one fresh interpreter per task": "— / 1,500,000",
 }
-"""(map µs/task, round trip µs) measured on the project's 2-core machine (REFERENCE.md)."""
+"""(map µs/task / round trip µs) on the project's 2-core machine (REFERENCE.md)."""
 
 
-class _Row:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.map_small = math.nan
-        self.map = math.nan
-        self.rt = math.nan
-        self.note = ""
+def _per_task(fn: Callable[[int], Any], n: int, reps: int) -> float:
+    return median(timed(lambda: fn(n))[0] / n for _ in range(reps))
 
 
-def _measure(
-    row: _Row,
-    submit: Callable[[Any], Any],
-    run_map: Callable[[int], list[Any]],
+def _row(
+    name: str,
+    run_map: Callable[[int], Any] | None,
+    submit: Callable[[int], Any],
     n_map: int,
     n_rt: int,
     reps: int,
-) -> None:
-    run_map(max(64, n_map // 8))  # warm: every worker started and has run the task once
-    for i in range(min(20, n_rt)):
-        submit(i)
-    small = max(8, n_map // 8)
-    row.map_small = median(timed(lambda: run_map(small))[0] / small for _ in range(reps))
-    row.map = median(timed(lambda: run_map(n_map))[0] / n_map for _ in range(reps))
-
-    def round_trips() -> None:
-        for i in range(n_rt):
-            submit(i)
-
-    row.rt = median(timed(round_trips)[0] / n_rt for _ in range(reps))
-
-
-def _pool_row(
-    name: str, pool: _pools.Pool, n_map: int, n_rt: int, reps: int, chunks: int = 1
-) -> _Row:
-    row = _Row(name)
-
-    def run_map(n: int) -> list[Any]:
-        result = list(pool.map(noop, range(n), chunksize=chunks))
-        assert result == list(range(n))
-        return result
-
-    _measure(row, lambda i: pool.submit(noop, i).result(), run_map, n_map, n_rt, reps)
-    return row
+    note: str = "",
+    seed: bool = False,
+) -> dict[str, Any]:
+    """Time the map (at ``n_map`` and, on a pool, at an eighth of it) and the round trip; a pool
+    is warmed first: every worker started and has run the task once."""
+    if not seed and run_map is not None:
+        run_map(max(64, n_map // 8))
+        [submit(i) for i in range(min(20, n_rt))]
+    nan = math.nan
+    return {
+        "name": name,
+        "map": nan if run_map is None else _per_task(run_map, n_map, reps),
+        "small": nan if seed or run_map is None else _per_task(run_map, max(8, n_map // 8), reps),
+        "rt": nan if n_rt == 0 else _per_task(lambda n: [submit(i) for i in range(n)], n_rt, reps),
+        "note": note,
+    }
 
 
-def _chunked_row(ex: pe.PrecompileExecutor, chunks: int, n_map: int, reps: int) -> _Row:
-    row = _Row(f"PrecompileExecutor map, chunksize={chunks}")
-    for n in (max(8, n_map // 8), n_map):
-        value = median(
-            timed(lambda: list(ex.map(noop, range(n), chunksize=chunks)))[0] / n  # noqa: B023
-            for _ in range(reps)
-        )
-        if n == n_map:
-            row.map = value
-        else:
-            row.map_small = value
-    row.note = "map only"
-    return row
+def _on(pool: Any, chunks: int = 1) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+    def run_map(n: int) -> None:
+        assert list(pool.map(noop, range(n), chunksize=chunks)) == list(range(n))
+
+    return run_map, lambda i: pool.submit(noop, i).result()
 
 
-def run(ctx: Context) -> Section:
-    w = ctx.workers
-    n_map = 200 if ctx.quick else 2000
-    n_rt = 50 if ctx.quick else 500
-    reps = 1 if ctx.quick else 3
-    rows: list[_Row] = []
-    skipped: list[str] = []
-
+def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
+    w, reps = ctx.workers, ctx.repeats
+    n_map, n_rt = (200, 50) if ctx.quick else (2000, 500)
+    n_fork = 20 if ctx.quick else 100
+    rows, skipped = [], []
     ctx.log(f"s1: PrecompileExecutor({w}), map of {n_map} no-ops, {n_rt} round trips")
     ex = pe.PrecompileExecutor(w)
     try:
         ex.warm_up(timeout=120)
-        pool = _pools.Pool("PrecompileExecutor", ex, ex.terminate_workers)
-        rows.append(_pool_row("PrecompileExecutor (spawn path)", pool, n_map, n_rt, reps))
+        rows.append(_row("PrecompileExecutor (spawn path)", *_on(ex), n_map, n_rt, reps))
         for chunks in (20, 100):
-            rows.append(_chunked_row(ex, chunks, n_map, reps))
+            name = f"PrecompileExecutor map, chunksize={chunks}"
+            rows.append(_row(name, *_on(ex, chunks), n_map, 0, reps, "map only"))
         fork = ex.options(path="fork")
-        n_fork = min(n_map, 100 if not ctx.quick else 20)
-        row = _Row("PrecompileExecutor (fork path)")
-        _measure(
-            row,
-            lambda i: fork.submit(noop, i).result(),
-            lambda n: list(fork.map(noop, range(n))),
-            n_fork,
-            min(n_rt, 50),
-            reps,
-        )
-        row.note = f"{n_fork} tasks in the map"
-        rows.append(row)
+        note = f"{n_fork} tasks in the map"
+        rows.append(_row("PrecompileExecutor (fork path)", *_on(fork), n_fork, 50, reps, note))
     finally:
         ex.terminate_workers()
-
     # PrecompileExecutor goes first: a fork-started multiprocessing worker that exits runs the
-    # parent's threading-atexit hooks, the library's hub shutdown among them (reported).
-    for name in ("ppe-fork", "ppe-spawn", "loky", "pebble"):
-        why = _pools.missing(name)
-        if why:
-            skipped.append(f"{name}: skipped, {why}")
-            continue
-        ctx.log(f"s1: {name}")
-        pool = _pools.start(name, w)
-        try:
-            rows.append(_pool_row(pool.name, pool, n_map, n_rt, reps))
-        finally:
-            pool.close()
+    # parent's threading-atexit hooks, the library's hub shutdown among them.
+    for pool in _pools.each(("ppe-fork", "ppe-spawn", "loky", "pebble"), w, ctx, skipped):
+        with pool:
+            rows.append(_row(pool.name, *_on(pool), n_map, n_rt, reps))
 
-    ctx.log("s1: seed fork mode (one fork per task)")
-    row = _Row("seed fork mode: one fork per task")
-    n_fork = 20 if ctx.quick else 100
-    row.map = median(
-        timed(lambda: _seed.run_forked([(noop, (i,)) for i in range(n_fork)], w))[0] / n_fork
-        for _ in range(reps)
+    ctx.log("s1: the seed's modes (one fork, one fresh interpreter per task)")
+    seq = 10 if ctx.quick else 50
+    rows.append(
+        _row(
+            "seed fork mode: one fork per task",
+            lambda n: _seed.run_forked([(noop, (i,)) for i in range(n)], w),
+            lambda i: _seed.run_forked([(noop, (i,))], 1),
+            n_fork,
+            seq,
+            reps,
+            f"{n_fork} tasks in the map, {seq} round trips",
+            seed=True,
+        )
     )
-    n_seq = 10 if ctx.quick else 50
-    row.rt = median(
-        timed(lambda: [_seed.run_forked([(noop, (i,))], 1) for i in range(n_seq)])[0] / n_seq
-        for _ in range(reps)
+    spawned = 1 if ctx.quick else 3
+    rows.append(
+        _row(
+            "seed spawn mode: one fresh interpreter per task",
+            None if ctx.quick else lambda n: _seed.run_spawned([(noop, (i,)) for i in range(n)], w),
+            lambda i: _seed.run_spawned([(noop, (i,))], 1),
+            2 * w,
+            spawned,
+            1,
+            f"{2 * w} tasks in the map, {spawned} round trips",
+            seed=True,
+        )
     )
-    row.note = f"{n_fork} tasks in the map, {n_seq} round trips"
-    rows.append(row)
+    return rows, skipped
 
-    ctx.log("s1: seed spawn mode (one fresh interpreter per task, importing torch and triton)")
-    row = _Row("seed spawn mode: one fresh interpreter per task")
-    n_seq = 1 if ctx.quick else 3
-    row.rt = timed(lambda: [_seed.run_spawned([(noop, (i,))], 1) for i in range(n_seq)])[0] / n_seq
-    if not ctx.quick:
-        n_par = 2 * w
-        row.map = timed(lambda: _seed.run_spawned([(noop, (i,)) for i in range(n_par)], w))[0]
-        row.map /= n_par
-        row.note = f"{n_par} tasks in the map, {n_seq} round trips"
-    else:
-        row.note = f"{n_seq} round trip"
-    rows.append(row)
 
-    table = Table(
-        f"No-op task overhead, warm pools of {w} workers (µs; median of {reps})",
+def run(ctx: Context) -> Section:
+    rows, skipped = measure(ctx)
+    w, n_map = ctx.workers, 200 if ctx.quick else 2000
+    table = Table.of(
+        f"No-op task overhead, warm pools of {w} workers (µs; median of {ctx.repeats})",
         [
-            "pool",
-            f"map, {n_map} tasks (µs/task)",
-            f"map, {max(8, n_map // 8)} tasks (µs/task)",
-            "submit→result round trip (µs)",
-            "reference, 2-core (map / round trip)",
-            "note",
+            {
+                "pool": r["name"],
+                f"map, {n_map} tasks (µs/task)": fmt_us(r["map"]),
+                f"map, {max(8, n_map // 8)} tasks (µs/task)": fmt_us(r["small"]),
+                "submit→result round trip (µs)": fmt_us(r["rt"]),
+                "reference, 2-core (map / round trip)": REFERENCE_US.get(r["name"], ""),
+                "note": r["note"],
+            }
+            for r in rows
         ],
     )
-    for r in rows:
-        ref = REFERENCE_US.get(r.name)
-        ref_text = "" if ref is None else " / ".join("—" if v is None else f"{v:,}" for v in ref)
-        table.add(r.name, fmt_us(r.map), fmt_us(r.map_small), fmt_us(r.rt), ref_text, r.note)
-
-    by_name = {r.name: r for r in rows}
-    ours = by_name["PrecompileExecutor (spawn path)"]
-    ppe = by_name.get("stdlib PPE (fork)")
+    by = {r["name"]: r for r in rows}
+    ours, ppe = by["PrecompileExecutor (spawn path)"], by.get("stdlib PPE (fork)")
     section = Section(
-        "s1",
-        "1. Per-task overhead (no-op, warm pool)",
-        f"`map` throughput over {n_map} no-op tasks and the sequential submit→result round trip, "
-        f"{w} workers, with torch and triton imported in the parent; every pool warmed first. "
-        "The fork-per-task and fresh-interpreter rows are the seed's two modes (re-implemented in "
-        "`benchmarks/_seed.py`); their map column runs them at most "
-        f"{w} at a time. Reference figures are from REFERENCE.md (2-core machine).",
-        tables=[table],
-        notes=skipped,
+        "s1", "1. Per-task overhead (no-op, warm pool)", intro(__doc__), [table], notes=skipped
     )
     if ppe is not None:
-        ratio = ours.map / ppe.map
-        reasons = []
-        growth = ours.map / ours.map_small
-        if growth > 1.3:
-            reasons.append(
-                f"PrecompileExecutor's per-task map cost grows with the batch "
-                f"({fmt_us(ours.map_small)} µs/task at {max(8, n_map // 8)} tasks, "
-                f"{fmt_us(ours.map)} at {n_map}): each dispatch does work proportional to the "
-                "queue length"
-            )
-        bound = ours.rt / w
-        if bound > ppe.map:
-            reasons.append(
-                f"it sends a task only to an idle worker and waits for that result before sending "
-                f"the next (no prefetch), so a map cannot beat round trip / workers = "
-                f"{fmt_us(bound)} µs/task, while the stdlib pool keeps a call queue ahead of its "
-                "workers"
-            )
-        chunked = by_name.get("PrecompileExecutor map, chunksize=100")
-        if chunked is not None:
-            reasons.append(f"with chunksize=100 it does {fmt_us(chunked.map)} µs/task")
+        growth = (
+            f"its map costs {fmt_us(ours['small'])} µs/task at {max(8, n_map // 8)} tasks and "
+            f"{fmt_us(ours['map'])} at {n_map}; with chunksize=100 "
+            f"{fmt_us(by['PrecompileExecutor map, chunksize=100']['map'])}; a map cannot beat "
+            f"round trip / workers = {fmt_us(ours['rt'] / w)} µs/task without sending ahead"
+        )
+        ratio = ours["map"] / ppe["map"]
         section.targets.append(
-            Target(
-                "warm map overhead vs stdlib PPE (fork)",
-                ratio,
-                "<=",
-                1.0,
-                must=1.5,
-                why="; ".join(reasons),
-            )
+            Target("warm map overhead vs stdlib PPE (fork)", ratio, "<=", 1.0, 1.5, why=growth)
         )
         section.notes.append(
-            f"Round trip, PrecompileExecutor vs stdlib PPE (fork): {ours.rt / ppe.rt:.2f}× "
-            "(no target)."
+            f"Round trip, PrecompileExecutor vs stdlib PPE (fork): {ours['rt'] / ppe['rt']:.2f}×"
+            " (no target)."
         )
-    section.plot = {
-        "title": f"1. No-op task overhead, warm pools of {w} (µs, log scale)",
-        "labels": [r.name.replace("seed ", "").replace(": one", ":\none") for r in rows],
-        "series": [
-            (f"map, µs per task ({n_map} tasks)", [r.map * 1e6 for r in rows], "tab:orange"),
-            ("submit→result round trip, µs", [r.rt * 1e6 for r in rows], "tab:blue"),
-        ],
-        "xlabel": "µs (log)",
-        "log": True,
-        "fmt": "{:,.0f}",
-    }
+    section.plot = bars(
+        f"1. No-op task overhead, warm pools of {w} (µs, log scale)",
+        [r["name"].replace("seed ", "").replace(": one", ":\none") for r in rows],
+        {
+            f"map, µs per task ({n_map} tasks)": ([r["map"] * 1e6 for r in rows], "tab:orange"),
+            "submit→result round trip, µs": ([r["rt"] * 1e6 for r in rows], "tab:blue"),
+        },
+        "µs (log)",
+        log=True,
+        fmt="{:,.0f}",
+    )
     return section

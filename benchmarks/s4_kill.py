@@ -5,6 +5,8 @@ when it started, then hangs: in Python (a busy loop), in C with the GIL held (``
 ``ctypes.PyDLL``), or ignoring SIGTERM (only SIGKILL ends it). The deadline is the task's own
 start + the timeout. "Resolved" is when the future got its exception (a done-callback's clock);
 "group gone" is when psutil no longer finds the task's process or the grandchild alive.
+PrecompileExecutor sends SIGTERM to the group, waits up to ``KILL_GRACE_S``, then SIGKILLs it.
+Grandchildren that outlive a pool are killed by the benchmark afterwards.
 """
 
 from __future__ import annotations
@@ -16,29 +18,18 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from typing import Any
 
 import precompile_executor as pe
 
 from . import _pools, _seed
 from ._common import Context, is_gone, median, wait_gone
-from ._report import Section, Table, Target
+from ._report import Section, Table, Target, bars, intro
 from ._tasks import hang_with_grandchild
 
 GONE_WAIT_S = 2.5
 """How long past the deadline (at least) the group may take to disappear before it counts as a
 survivor: well past the 0.5 s + kill grace the target allows."""
-
-KINDS = ("python", "c", "ignore-term")
-
-
-class _Result:
-    def __init__(self) -> None:
-        self.resolved: list[float] = []
-        self.gone: list[float] = []
-        self.survivors = 0
-        self.errors: set[str] = set()
 
 
 def _read_info(path: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -50,135 +41,117 @@ def _read_info(path: str, timeout_s: float = 30.0) -> dict[str, Any]:
     raise TimeoutError(f"the task never wrote {path}")
 
 
-def _measure_future(
-    submit: Callable[[str], Future[Any]], info_path: str, timeout: float, result: _Result
-) -> None:
+def _via_future(submit: Callable[..., Future[Any]], kind: str, info: str) -> tuple[float, str]:
+    """Submit the hang; return when its future resolved and with what error."""
     resolved: list[float] = []
-    future = submit(info_path)
+    future = submit(hang_with_grandchild, kind, info)
     future.add_done_callback(lambda _f: resolved.append(time.monotonic()))
-    info = _read_info(info_path)
     try:
-        future.result(timeout=timeout + 60)
-        result.errors.add("returned!")
+        future.result(timeout=600)
+        return time.monotonic(), "returned!"
     except Exception as exc:  # noqa: BLE001 - the expected timeout error, whichever pool
-        result.errors.add(type(exc).__name__)
-    _finish(info, resolved[0] if resolved else time.monotonic(), timeout, result)
+        return resolved[0] if resolved else time.monotonic(), type(exc).__name__
 
 
-def _finish(info: dict[str, Any], resolved_at: float, timeout: float, result: _Result) -> None:
+def _once(row: dict[str, Any], ended: tuple[float, str], info_path: str, timeout: float) -> None:
+    """Add one kill to ``row``: latency of the resolution and of the group's end, or a survivor
+    (then killed here)."""
+    info = _read_info(info_path)
     deadline = info["start"] + timeout
     pids = [info["pid"], info["grandchild"]]
     gone_at = wait_gone(pids, max(0.5, deadline + GONE_WAIT_S - time.monotonic()))
-    result.resolved.append(resolved_at - deadline)
+    row["resolved"].append(ended[0] - deadline)
+    row["errors"].add(ended[1])
     if gone_at is None:
-        result.survivors += 1
-        for pid in pids:  # clean up what the pool left behind
+        row["survivors"] += 1
+        for pid in pids:
             if not is_gone(pid):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         wait_gone(pids, 5.0)
     else:
-        result.gone.append(gone_at - deadline)
+        row["gone"].append(gone_at - deadline)
 
 
-def run(ctx: Context) -> Section:
-    timeout = 0.5 if ctx.quick else 1.0
-    reps = 1 if ctx.quick else ctx.repeats
-    rows: dict[str, _Result] = {}
-    ctx.log(f"s4: timeout {timeout}s, {reps} run(s) per row")
+def measure(ctx: Context, timeout: float, reps: int) -> tuple[list[dict[str, Any]], list[str]]:
+    rows: list[dict[str, Any]] = []
+
+    def kills(name: str, once: Callable[[str, str], tuple[float, str]], kind: str) -> None:
+        ctx.log(f"s4: {name}")
+        row = {"name": name, "resolved": [], "gone": [], "survivors": 0, "errors": set()}
+        for _ in range(reps):
+            info = os.path.join(ctx.fresh_dir("kill"), "info.json")
+            _once(row, once(kind, info), info, timeout)
+        rows.append(row)
 
     ex = pe.PrecompileExecutor(1, timeout=timeout)
     try:
         for path in ("spawn", "fork"):
             view = ex.options(path=path)
-            for kind in KINDS:
-                name = f"PrecompileExecutor, {path} path, {kind} hang"
-                ctx.log(f"s4: {name}")
-                res = rows.setdefault(name, _Result())
-                for _ in range(reps):
-                    if path == "spawn":
-                        ex.warm_up(timeout=120)  # the replacement worker is up before we time
-                    info = os.path.join(ctx.fresh_dir("kill"), "info.json")
-                    _measure_future(
-                        partial(view.submit, hang_with_grandchild, kind),
-                        info,
-                        timeout,
-                        res,
-                    )
+
+            def ours(kind: str, info: str, view: Any = view, path: str = path) -> tuple[float, str]:
+                if path == "spawn":
+                    ex.warm_up(timeout=120)  # the replacement worker is up before we time
+                return _via_future(view.submit, kind, info)
+
+            for kind in ("python", "c", "ignore-term"):
+                kills(f"PrecompileExecutor, {path} path, {kind} hang", ours, kind)
     finally:
         ex.terminate_workers()
 
+    def seed(kind: str, info: str) -> tuple[float, str]:
+        out = _seed.run_forked([(hang_with_grandchild, (kind, info))], 1, timeout=timeout)[0]
+        return out.ended, "timeout" if out.timed_out else out.error
+
     for kind in ("python", "ignore-term"):
-        name = f"seed fork mode, {kind} hang"
-        ctx.log(f"s4: {name}")
-        res = rows.setdefault(name, _Result())
-        for _ in range(reps):
-            info = os.path.join(ctx.fresh_dir("kill"), "info.json")
-            outcome = _seed.run_forked([(hang_with_grandchild, (kind, info))], 1, timeout=timeout)[
-                0
-            ]
-            res.errors.add("timeout" if outcome.timed_out else outcome.error)
-            _finish(_read_info(info), outcome.ended, timeout, res)
+        kills(f"seed fork mode, {kind} hang", seed, kind)
+    skipped: list[str] = []
+    for pool in _pools.each(["pebble"], 1, ctx, skipped):
+        with pool:
+            pool.timeout = timeout
 
-    skipped = []
-    why = _pools.missing("pebble")
-    if why:
-        skipped.append(f"pebble: skipped, {why}")
-    else:
-        pool = _pools.start("pebble", 1)
-        assert isinstance(pool, _pools._PebblePool)
-        pool.timeout = timeout
-        try:
+            def pebble(kind: str, info: str, pool: Any = pool) -> tuple[float, str]:
+                pool.submit(os.getpid).result(timeout=60)  # a worker is up
+                return _via_future(pool.submit, kind, info)
+
             for kind in ("python", "ignore-term"):
-                name = f"pebble ProcessPool, {kind} hang"
-                ctx.log(f"s4: {name}")
-                res = rows.setdefault(name, _Result())
-                for _ in range(reps):
-                    pool.submit(os.getpid).result(timeout=60)  # a worker is up
-                    info = os.path.join(ctx.fresh_dir("kill"), "info.json")
-                    _measure_future(
-                        partial(pool.submit, hang_with_grandchild, kind),
-                        info,
-                        timeout,
-                        res,
-                    )
-        finally:
-            pool.close()
+                kills(f"pebble ProcessPool, {kind} hang", pebble, kind)
+    return rows, skipped
 
+
+def run(ctx: Context) -> Section:
+    timeout = 0.5 if ctx.quick else 1.0
+    reps = ctx.repeats
+    ctx.log(f"s4: timeout {timeout}s, {reps} run(s) per row")
+    rows, skipped = measure(ctx, timeout, reps)
     limit = 0.5 + pe.KILL_GRACE_S
-    table = Table(
+
+    def stat(values: list[float]) -> str:
+        return f"{median(values):.3f} ({max(values):.3f})" if values else "—"
+
+    table = Table.of(
         f"Timeout {timeout}s; latency past the deadline in seconds (median (max) of {reps}); "
         f"target for PrecompileExecutor: resolved ≤ 0.5 + KILL_GRACE_S = {limit:.1f}s",
         [
-            "pool and hang",
-            "future resolved",
-            "process group gone",
-            "grandchild survived",
-            "error raised",
+            {
+                "pool and hang": r["name"],
+                "future resolved": stat(r["resolved"]),
+                "process group gone": stat(r["gone"]),
+                "grandchild survived": f"{r['survivors']} of {reps}" if r["survivors"] else "no",
+                "error raised": ", ".join(sorted(r["errors"])),
+            }
+            for r in rows
         ],
     )
-    worst = 0.0
-    for name, res in rows.items():
-        if name.startswith("PrecompileExecutor") and res.resolved:
-            worst = max(worst, max(res.resolved), max(res.gone, default=0.0))
-        gone = "—" if not res.gone else f"{median(res.gone):.3f} ({max(res.gone):.3f})"
-        table.add(
-            name,
-            f"{median(res.resolved):.3f} ({max(res.resolved):.3f})" if res.resolved else "—",
-            gone,
-            f"{res.survivors} of {reps}" if res.survivors else "no",
-            ", ".join(sorted(res.errors)),
-        )
-    survivors = sum(r.survivors for n, r in rows.items() if n.startswith("PrecompileExecutor"))
+    ours = [r for r in rows if r["name"].startswith("PrecompileExecutor")]
+    worst = max(max(r["resolved"] + r["gone"]) for r in ours)
+    survivors = sum(r["survivors"] for r in ours)
     section = Section(
         "s4",
         "4. Timeout kill latency",
-        __doc__.split("\n\n", 1)[1].replace("\n", " ").strip()
-        + f" PrecompileExecutor sends SIGTERM to the group, waits up to KILL_GRACE_S = "
-        f"{pe.KILL_GRACE_S}s, then SIGKILLs it. Grandchildren that outlive a pool are killed by "
-        "the benchmark afterwards.",
-        tables=[table],
-        targets=[
+        intro(__doc__) + f" (KILL_GRACE_S = {pe.KILL_GRACE_S}s.)",
+        [table],
+        [
             Target(
                 "worst PrecompileExecutor latency past the deadline (resolved or group gone)",
                 worst,
@@ -198,14 +171,12 @@ def run(ctx: Context) -> Section:
         ],
         notes=skipped,
     )
-    labels = [n for n, r in rows.items() if r.resolved]
-    section.plot = {
-        "title": f"4. Timeout kill: future resolved, s past the deadline (timeout {timeout}s)",
-        "labels": [n.replace(", ", ",\n", 1) for n in labels],
-        "values": [median(rows[n].resolved) for n in labels],
-        "xlabel": "seconds after the deadline",
-        "fmt": "{:.3f}",
-        "colors": ["tab:orange" if n.startswith("Precompile") else "tab:blue" for n in labels],
-        "lines": [{"x": limit, "label": "target", "color": "tab:red"}],
-    }
+    section.plot = bars(
+        f"4. Timeout kill: future resolved, s past the deadline (timeout {timeout}s)",
+        [r["name"].replace(", ", ",\n", 1) for r in rows],
+        {"": ([median(r["resolved"]) for r in rows], "")},
+        "seconds after the deadline",
+        fmt="{:.3f}",
+        lines=[{"x": limit, "label": "target", "color": "tab:red"}],
+    )
     return section

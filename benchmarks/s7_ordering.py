@@ -29,23 +29,28 @@ from typing import Any
 import triton
 
 import precompile_executor as pe
-from precompile_executor.triton import TensorSpec, launch, warm
+from precompile_executor.triton import TensorSpec, launch, triton_prior_s, warm
 
 from . import _batch, _pools, gantt
 from ._common import Context, median, spread
-from ._kernels import (
-    Config,
-    compile_config,
-    compile_config_costed,
-    configs,
-    matmul,
-    triton_cache_dir,
-    warm_compile,
-)
-from ._report import Section, Table, Target
+from ._kernels import Config, compile_config, configs, matmul, triton_cache_dir, warm_compile
+from ._report import Section, Table, Target, bars, intro
 from ._tasks import import_torch_triton, import_torch_triton_pinned
 
 HISTORY_ENV = "PRECOMPILE_EXECUTOR_COST_HISTORY"
+
+
+def _config_estimate(cfg: Config, cache_dir: str) -> pe.Estimate:
+    bm, bn, bk, stages, warps = cfg
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    return pe.Estimate(seconds=triton_prior_s(blocks, num_warps=warps, num_stages=stages))
+
+
+@pe.estimated_cost(_config_estimate)
+def compile_config_costed(cfg: Config, cache_dir: str) -> dict[str, Any]:
+    """``compile_config`` declaring its prior cost (the Triton config prior) to the executor, as a
+    compile function written for the executor does; the caller passes no hint."""
+    return compile_config(cfg, cache_dir)
 
 
 def _map_run(
@@ -108,96 +113,97 @@ def _prewarmed_stdlib(w: int) -> _pools.Pool:
     return pool
 
 
+NAMES = {
+    "listed": "ours: map, listed order (nothing known)",
+    "cold": "ours: map, cold history (prior only)",
+    "oracle": "ours: batch() + priority = measured time (oracle)",
+    "history": "ours: map, history (second run)",
+    "stdlib": "stdlib PPE (spawn), pre-warmed, listed map",
+    "warm_cold": "triton.warm, cold history",
+    "warm_history": "triton.warm, history (second run)",
+}
+
+
+def _round(
+    ctx: Context,
+    cfgs: Sequence[Config],
+    times: dict[Config, float],
+    stdlib: _pools.Pool,
+    kernel: Any,
+) -> dict[str, tuple[float, Sequence[pe.TaskTimeline], dict[int, float], int]]:
+    """One run of every strategy: key → (wall, timeline records, installs, configs compiled)."""
+    out = {}
+    history = os.path.join(ctx.fresh_dir("history"), "costs.json")
+    with _batch.new_executor(ctx.workers, cost_history=history) as ex:
+        _batch.warm_workers(ex)
+        for key, fn in (
+            ("listed", compile_config),
+            ("cold", compile_config_costed),
+            ("oracle", None),
+            ("history", compile_config_costed),
+        ):
+            cache = ctx.fresh_dir("cache")
+            wall, recs = (
+                _oracle_run(ex, cfgs, times, cache) if fn is None else _map_run(ex, fn, cfgs, cache)
+            )
+            out[key] = (wall, recs, {}, len(cfgs))
+        start = time.perf_counter()
+        cache = ctx.fresh_dir("cache")
+        list(stdlib.executor.map(compile_config, cfgs, itertools.repeat(cache)))
+        out["stdlib"] = (time.perf_counter() - start, [], {}, len(cfgs))
+        os.environ[HISTORY_ENV] = os.path.join(ctx.fresh_dir("thistory"), "costs.json")
+        try:
+            for key in ("warm_cold", "warm_history"):
+                wall, ok, recs, installed = _warm_run(ex, kernel, ctx.fresh_dir("cache"))
+                out[key] = (wall, recs, installed, ok)
+        finally:
+            os.environ.pop(HISTORY_ENV, None)
+    for key, (wall, *_) in out.items():
+        ctx.log(f"s7: {NAMES[key]}: {wall:.2f}s")
+    return out
+
+
 def run(ctx: Context) -> Section:
     w = ctx.workers
     cfgs = configs(ctx.n_configs, ctx.quick)
     ctx.log(f"s7: {len(cfgs)} configs on {w} workers, {ctx.repeats} round(s)")
     times = _batch.warm_times(ctx, cfgs)
     seq_sum = sum(times.values())
-    ideal = _batch.ideal(list(times.values()), w)
-    walls: dict[str, list[float]] = {}
-    slow: dict[str, list[float]] = {}
-    gantts: list[tuple[str, Sequence[pe.TaskTimeline], dict[int, float]]] = []
-    kernel = _autotuned(cfgs)
-    warm_ok: list[int] = []
-    stdlib = _prewarmed_stdlib(w)
-    names = {
-        "listed": "ours: map, listed order (nothing known)",
-        "cold": "ours: map, cold history (prior only)",
-        "oracle": "ours: batch() + priority = measured time (oracle)",
-        "history": "ours: map, history (second run)",
-        "stdlib": "stdlib PPE (spawn), pre-warmed, listed map",
-        "warm_cold": "triton.warm, cold history",
-        "warm_history": "triton.warm, history (second run)",
-    }
-
-    def keep(key: str, wall: float, records: Sequence[pe.TaskTimeline] = ()) -> None:
-        walls.setdefault(key, []).append(wall)
-        if records:
-            run_s = sum(r.run_s or 0.0 for r in records)
-            slow.setdefault(key, []).append(run_s / seq_sum)
-        ctx.log(f"s7: {names[key]}: {wall:.2f}s")
-
-    try:
-        for rnd in range(ctx.repeats):
-            history = os.path.join(ctx.fresh_dir("history"), "costs.json")
-            ex = _batch.new_executor(w, cost_history=history)
-            try:
-                _batch.warm_workers(ex)
-                wall, recs = _map_run(ex, compile_config, cfgs, ctx.fresh_dir("cache"))
-                keep("listed", wall, recs)
-                wall, cold = _map_run(ex, compile_config_costed, cfgs, ctx.fresh_dir("cache"))
-                keep("cold", wall, cold)
-                wall, recs = _oracle_run(ex, cfgs, times, ctx.fresh_dir("cache"))
-                keep("oracle", wall, recs)
-                wall, hist = _map_run(ex, compile_config_costed, cfgs, ctx.fresh_dir("cache"))
-                keep("history", wall, hist)
-                if rnd == 0:
-                    gantts += [(names["cold"], cold, {}), (names["history"], hist, {})]
-                start = time.perf_counter()
-                cache = ctx.fresh_dir("cache")
-                list(stdlib.executor.map(compile_config, cfgs, itertools.repeat(cache)))
-                keep("stdlib", time.perf_counter() - start)
-                os.environ[HISTORY_ENV] = os.path.join(ctx.fresh_dir("thistory"), "costs.json")
-                try:
-                    for key in ("warm_cold", "warm_history"):
-                        wall, ok, recs, installed = _warm_run(ex, kernel, ctx.fresh_dir("cache"))
-                        warm_ok.append(ok)
-                        keep(key, wall, recs)
-                        if rnd == 0 and key == "warm_history":
-                            gantts.append((names[key], recs, installed))
-                finally:
-                    os.environ.pop(HISTORY_ENV, None)
-            finally:
-                ex.shutdown()
-    finally:
-        stdlib.close()
+    ideal, lpt = _batch.ideal(list(times.values()), w), _batch.lpt(list(times.values()), w)
+    with _prewarmed_stdlib(w) as stdlib:
+        kernel = _autotuned(cfgs)  # one for all rounds, as one autotuner's kernel would be
+        rounds = [_round(ctx, cfgs, times, stdlib, kernel) for _ in range(ctx.repeats)]
 
     def med(key: str) -> float:
-        return median(walls[key])
+        return median(r[key][0] for r in rounds)
 
     oracle = med("oracle")
-    table = Table(
+    rows: list[dict[str, Any]] = [
+        {"strategy": f"ideal on {w} workers", "wall (s)": ideal, "× oracle": ideal / oracle},
+        {
+            "strategy": "model: longest first, zero overhead",
+            "wall (s)": lpt,
+            "× oracle": lpt / oracle,
+        },
+    ]
+    rows[0] |= {"× ideal": 1.0, "Σ in-worker / Σ sequential": None}
+    rows[1] |= {"× ideal": lpt / ideal, "Σ in-worker / Σ sequential": None}
+    for key, name in NAMES.items():
+        slow = [sum(t.run_s or 0.0 for t in r[key][1]) / seq_sum for r in rounds if r[key][1]]
+        rows.append(
+            {
+                "strategy": name,
+                "wall (s)": spread(r[key][0] for r in rounds),
+                "× oracle": med(key) / oracle,
+                "× ideal": med(key) / ideal,
+                "Σ in-worker / Σ sequential": median(slow) if slow else None,
+            }
+        )
+    table = Table.of(
         f"{len(cfgs)} matmul configs for sm_90 on {w} workers, ordering strategies (seconds; "
         f"median (min–max) of {ctx.repeats})",
-        ["strategy", "wall (s)", "× oracle", "× ideal", "Σ in-worker / Σ sequential"],
+        rows,
     )
-    table.add(f"ideal on {w} workers", f"{ideal:.2f}", f"{ideal / oracle:.2f}", "1.00", "—")
-    table.add(
-        "model: longest first, zero overhead",
-        f"{_batch.lpt(list(times.values()), w):.2f}",
-        f"{_batch.lpt(list(times.values()), w) / oracle:.2f}",
-        f"{_batch.lpt(list(times.values()), w) / ideal:.2f}",
-        "—",
-    )
-    for key, name in names.items():
-        table.add(
-            name,
-            spread(walls[key]),
-            f"{med(key) / oracle:.2f}",
-            f"{med(key) / ideal:.2f}",
-            f"{median(slow[key]):.2f}" if key in slow else "—",
-        )
     targets = [
         Target("map, cold history / oracle", med("cold") / oracle, "<=", 1.15),
         Target("map, history / oracle", med("history") / oracle, "<=", 1.05),
@@ -217,107 +223,82 @@ def run(ctx: Context) -> Section:
         targets.append(
             Target(f"map, history / ideal ({w} workers)", med("history") / ideal, "<=", 1.05)
         )
-    section = Section(
-        "s7",
-        "7. Ordering by predicted cost",
-        f"{len(cfgs)} configs as in scenario 2, {w} warm workers, each run into a fresh Triton "
-        "cache. 'cold history': an executor whose history file is empty, so only the compile "
-        "function's prior (`precompile_executor.triton.triton_prior_s` of the block sizes and "
-        "warps, declared with `@precompile_executor.estimated_cost`) orders the batch; "
-        "'history': the same call again, ordered by the durations the cold run observed. "
-        "No run passes a hint. The oracle orders by each config's measured sequential time. "
-        "`triton.warm` compiles an autotuned copy of the kernel with the same configs (Triton "
-        "specialises its integer arguments, so its compiles differ slightly from the others').",
-        tables=[table],
-        targets=targets,
+    section = Section("s7", "7. Ordering by predicted cost", intro(__doc__), [table], targets)
+    warm_ok = [r[k][3] for r in rounds for k in ("warm_cold", "warm_history")]
+    section.notes.append(
+        f"triton.warm compiled {min(warm_ok)}–{max(warm_ok)} of {len(cfgs)} configs per run "
+        "(the rest were already in the JIT's memory or failed)."
     )
-    if warm_ok:
-        section.notes.append(
-            f"triton.warm compiled {min(warm_ok)}–{max(warm_ok)} of {len(cfgs)} configs per run "
-            "(the rest were already in the JIT's memory or failed)."
-        )
-    _timeline_notes(section, gantts, w, seq_sum)
+    gantts = [
+        (NAMES[k], rounds[0][k][1], rounds[0][k][2]) for k in ("cold", "history", "warm_history")
+    ]
+    section.tables.append(_timeline_table(gantts, w, seq_sum))
+    section.notes.append(TIMELINE_NOTE)
     if ctx.contention:
-        _contention(ctx, section, cfgs, times)
-    if ctx.out is not None and gantts:
+        section.tables.append(_contention(ctx, cfgs, times))
+        section.notes.append(
+            "Contention decides `DEFAULT_WORKERS_PER_CORE` (precompile_executor/_executor.py): "
+            "the default `max_workers` is that many per usable core."
+        )
+    if ctx.out is not None:
         path = ctx.out / "ordering-gantt.png"
         if gantt.draw(path, gantts, w, stamp=f"{len(cfgs)} configs, {w} workers"):
             section.notes.append(f"Gantt chart of the first round: ![timeline]({path.name})")
-    section.plot = {
-        "title": f"7. {len(cfgs)} configs on {w} workers: ordering (s)",
-        "labels": ["ideal", *names.values()],
-        "values": [ideal] + [med(k) for k in names],
-        "xlabel": "wall seconds",
-        "lines": [{"x": oracle, "label": "oracle", "color": "tab:green"}],
-    }
+    section.plot = bars(
+        f"7. {len(cfgs)} configs on {w} workers: ordering (s)",
+        ["ideal", *NAMES.values()],
+        {"": ([ideal] + [med(k) for k in NAMES], "tab:blue")},
+        colors=["tab:blue"] * (len(NAMES) + 1),
+        lines=[{"x": oracle, "label": "oracle", "color": "tab:green"}],
+    )
     return section
 
 
-def _timeline_notes(
-    section: Section,
-    gantts: Sequence[tuple[str, Sequence[pe.TaskTimeline], dict[int, float]]],
-    w: int,
-    seq_sum: float,
-) -> None:
-    table = Table(
-        "Where the time went (first round, from PrecompileExecutor.timeline())",
-        [
-            "batch",
-            "wall (s)",
-            "Σ in worker (s)",
-            "Σ sent→Started (s)",
-            "Σ Done→set (+install) (s)",
-            "parent share",
-            "idle capacity",
-            "parallel slowdown",
-            "tail (s)",
-        ],
-    )
+TIMELINE_NOTE = (
+    "Parent share: the part of each task's time on a worker slot spent in the parent (sending it "
+    "until the worker's Started arrives, and from its Done to the future set, plus installing "
+    "artifacts for triton.warm). Idle capacity: 1 − Σ in-worker time / (workers × wall). "
+    "Parallel slowdown: Σ in-worker time / Σ sequential time of the same configs (compiles "
+    "slowing each other down on shared cores, caches, memory bandwidth). Tail: from the last "
+    "task's start to the end of the batch."
+)
+
+
+def _timeline_table(
+    gantts: Sequence[tuple[str, Sequence[pe.TaskTimeline], dict[int, float]]], w: int, seq: float
+) -> Table:
+    rows = []
     for title, records, installed in gantts:
-        if not records:
-            continue
-        s = gantt.summarize(records, w, seq_sum, installed)
-        table.add(
-            title,
-            f"{s.wall_s:.2f}",
-            f"{s.run_s:.2f}",
-            f"{s.dispatch_s:.3f}",
-            f"{s.result_s:.3f}",
-            f"{s.parent_share:.1%}",
-            f"{s.idle_share:.1%}",
-            f"{s.slowdown:.2f}×" if s.slowdown else "—",
-            f"{s.tail_s:.2f}",
-        )
-    section.tables.append(table)
-    section.notes.append(
-        "Parent share: the part of each task's time on a worker slot spent in the parent "
-        "(sending it until the worker's Started arrives, and from its Done to the future set, "
-        "plus installing artifacts for triton.warm). Idle capacity: 1 − Σ in-worker time / "
-        "(workers × wall). Parallel slowdown: Σ in-worker time / Σ sequential time of the same "
-        "configs (compiles slowing each other down on shared cores, caches, memory bandwidth). "
-        "Tail: from the last task's start to the end of the batch."
-    )
+        if records:
+            s = gantt.summarize(records, w, seq, installed)
+            rows.append(
+                {
+                    "batch": title,
+                    "wall (s)": s.wall_s,
+                    "Σ in worker (s)": s.run_s,
+                    "Σ sent→Started (s)": f"{s.dispatch_s:.3f}",
+                    "Σ Done→set (+install) (s)": f"{s.result_s:.3f}",
+                    "parent share": f"{s.parent_share:.1%}",
+                    "idle capacity": f"{s.idle_share:.1%}",
+                    "parallel slowdown": f"{s.slowdown:.2f}×" if s.slowdown else "—",
+                    "tail (s)": s.tail_s,
+                }
+            )
+    return Table.of("Where the time went (first round, from PrecompileExecutor.timeline())", rows)
 
 
-def _contention(
-    ctx: Context, section: Section, cfgs: Sequence[Config], times: dict[Config, float]
-) -> None:
+def _contention(ctx: Context, cfgs: Sequence[Config], times: dict[Config, float]) -> Table:
     cores = ctx.cores
     counts = sorted({max(1, cores // 2), max(1, (3 * cores) // 4), cores})
     history = os.path.join(ctx.fresh_dir("chistory"), "costs.json")
-    table = Table(
-        f"Contention: the history map of {len(cfgs)} configs by worker count and pinning "
-        f"({cores} usable cores; median of {ctx.repeats})",
-        ["workers", "pinned", "wall (s)", "× ideal for that count", "Σ in-worker / Σ sequential"],
-    )
     seq_sum = sum(times.values())
-    runs: list[tuple[int, bool]] = [(n, False) for n in counts] + [(cores, True)]
-    for n, pinned in runs:
+    rows = []
+    for n, pinned in [(n, False) for n in counts] + [(cores, True)]:
         ctx.log(f"s7: contention, {n} workers{' pinned' if pinned else ''}")
         if pinned:
-            counter = os.path.join(ctx.fresh_dir("pin"), "counter")
             # Interpreters: pinning is per process, and a warm template would run this
             # initializer once and fork every worker onto its one core.
+            counter = os.path.join(ctx.fresh_dir("pin"), "counter")
             ex = pe.PrecompileExecutor(
                 n,
                 initializer=import_torch_triton_pinned,
@@ -330,26 +311,26 @@ def _contention(
         try:
             _batch.warm_workers(ex)
             _map_run(ex, compile_config_costed, cfgs, ctx.fresh_dir("cache"))  # learn
-            walls, ratios = [], []
-            for _ in range(ctx.repeats):
-                wall, recs = _map_run(ex, compile_config_costed, cfgs, ctx.fresh_dir("cache"))
-                walls.append(wall)
-                ratios.append(sum(r.run_s or 0.0 for r in recs) / seq_sum)
+            runs = [
+                _map_run(ex, compile_config_costed, cfgs, ctx.fresh_dir("cache"))
+                for _ in range(ctx.repeats)
+            ]
         finally:
-            if pinned:
-                ex.terminate_workers()  # pinned workers must not serve later executors
-            else:
-                ex.shutdown()
-        ideal = _batch.ideal(list(times.values()), n)
-        table.add(
-            str(n),
-            "yes" if pinned else "no",
-            spread(walls),
-            f"{median(walls) / ideal:.2f}",
-            f"{median(ratios):.2f}",
+            # Pinned workers must not serve later executors.
+            ex.terminate_workers() if pinned else ex.shutdown()
+        walls = [wall for wall, _ in runs]
+        slow = [sum(r.run_s or 0.0 for r in recs) / seq_sum for _, recs in runs]
+        rows.append(
+            {
+                "workers": str(n),
+                "pinned": "yes" if pinned else "no",
+                "wall (s)": spread(walls),
+                "× ideal for that count": median(walls) / _batch.ideal(list(times.values()), n),
+                "Σ in-worker / Σ sequential": median(slow),
+            }
         )
-    section.tables.append(table)
-    section.notes.append(
-        "Contention decides `DEFAULT_WORKERS_PER_CORE` (precompile_executor/_executor.py): "
-        "the default `max_workers` is that many per usable core."
+    return Table.of(
+        f"Contention: the history map of {len(cfgs)} configs by worker count and pinning "
+        f"({cores} usable cores; median of {ctx.repeats})",
+        rows,
     )

@@ -12,16 +12,15 @@ against its budget.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
 import precompile_executor as pe
 
 from . import _batch, _tasks
-from ._common import Context, memory_mib
+from ._common import Context, median, memory_mib
 from ._kernels import configs, warm_compile
-from ._report import Section, Table, Target
+from ._report import Section, Table, Target, intro
 from ._tasks import import_torch_triton
 from .s3_faults import _submit_all, faulty_batch
 
@@ -69,97 +68,76 @@ def _replacement_s(ex: pe.PrecompileExecutor, how: str, timeout: float) -> float
     return start - (submitted if how == "crash" else submitted + timeout)
 
 
-def run(ctx: Context) -> Section:
-    w = 1 if ctx.quick else ctx.workers
-    repeats = 1 if ctx.quick else ctx.repeats
-    table = Table(
-        f"worker starts with torch and triton imported ({w} workers; seconds, median of "
-        f"{repeats}; USS in MiB)",
-        [
-            "start",
-            "warm_up() of 1 worker",
-            f"warm_up() of {w} workers",
-            f"{w} / 1",
-            "crash → next task starts",
-            "timeout kill → next task starts",
-            "USS / worker",
-            "fault batch / budget",
-        ],
-    )
-    results: dict[str, dict[str, float]] = {}
-    for mode in MODES:
-        ctx.log(f"s8: start={mode}")
-        ones, alls, crashes, kills, uss = [], [], [], [], []
-        for _ in range(repeats):
-            one, _, ex1 = _warm_up_s(mode, 1)
-            ex1.shutdown()
-            ones.append(one)
-            many, pids, ex = _warm_up_s(mode, w)
-            alls.append(many)
-            try:
-                uss += [u for u in (memory_mib(p)[1] for p in pids) if u is not None]
-                # one worker busy, so the replacement is the only place the next task can go
-                # when w == 1; with more workers the next task starts on an idle one: use 1
-                solo = pe.PrecompileExecutor(
-                    1,
-                    initializer=import_torch_triton,
-                    initargs=(f"solo-{mode}-{time.monotonic()}",),
-                    start=mode,  # type: ignore[arg-type]
-                )
+def _measure_mode(ctx: Context, mode: str, w: int) -> dict[str, Any]:
+    ones, alls, crashes, kills, uss = [], [], [], [], []
+    for _ in range(ctx.repeats):
+        one, _, ex1 = _warm_up_s(mode, 1)
+        ex1.shutdown()
+        ones.append(one)
+        many, pids, ex = _warm_up_s(mode, w)
+        alls.append(many)
+        with ex:
+            uss += [u for u in (memory_mib(p)[1] for p in pids) if u is not None]
+            # One worker, so the replacement is the only place the next task can go.
+            kind = (f"solo-{mode}-{time.monotonic()}",)  # a worker kind of its own
+            solo = pe.PrecompileExecutor(
+                1,
+                initializer=import_torch_triton,
+                initargs=kind,
+                start=mode,  # type: ignore[arg-type]
+            )
+            with solo:
                 solo.warm_up(timeout=600)
                 crashes.append(_replacement_s(solo, "crash", 600))
                 kills.append(_replacement_s(solo, "kill", 0.5))
-                solo.shutdown()
-            finally:
-                ex.shutdown()
-        ratio = _fault_batch(ctx, mode, w)
-        results[mode] = {
-            "one": statistics.median(ones),
-            "all": statistics.median(alls),
-            "crash": statistics.median(crashes),
-            "kill": statistics.median(kills),
-            "uss": statistics.median(uss) if uss else float("nan"),
-            "faults": ratio,
-        }
-        r = results[mode]
-        table.add(
-            mode,
-            f"{r['one']:.2f}",
-            f"{r['all']:.2f}",
-            f"{r['all'] / r['one']:.2f}×",
-            f"{r['crash']:.3f}",
-            f"{r['kill']:.3f}",
-            f"{r['uss']:.0f}",
-            f"{r['faults']:.2f}×",
-        )
+    one, all_, faults = median(ones), median(alls), _fault_batch(ctx, mode, w)
+    return {
+        "start": mode,
+        "warm_up() of 1 worker": one,
+        f"warm_up() of {w} workers": all_,
+        f"{w} / 1": f"{all_ / one:.2f}×",
+        "crash → next task starts": f"{median(crashes):.3f}",
+        "timeout kill → next task starts": f"{median(kills):.3f}",
+        "USS / worker": f"{median(uss):.0f}",
+        "fault batch / budget": f"{faults:.2f}×",
+        "values": (median(crashes), median(kills), all_ / one, faults),
+    }
+
+
+def run(ctx: Context) -> Section:
+    w = 1 if ctx.quick else ctx.workers
+    rows = []
+    for mode in MODES:
+        ctx.log(f"s8: start={mode}")
+        rows.append(_measure_mode(ctx, mode, w))
     pe.stop_idle_workers()
-    t = results["template"]
-    targets = [
-        Target("replacement after a crash, template start", t["crash"], "<=", 0.1, unit=" s"),
-        Target("replacement after a timeout kill, template start", t["kill"], "<=", 0.1, unit=" s"),
-        Target(f"warm_up() of {w} workers / of 1, template start", t["all"] / t["one"], "<=", 1.3),
-        Target("fault batch (1 hang + 1 crash) / budget, template start", t["faults"], "<=", 1.05),
-    ]
-    return Section(
-        "s8",
-        "8. Worker starts: warm template vs fresh interpreter",
-        __doc__.split("\n\n", 1)[1].replace("\n", " ").strip(),
-        tables=[table],
-        targets=targets,
-        notes=[
-            "The crash column counts from the submit of the crashing task (it dies as soon as "
-            "it starts) to the start of the next task on the replacement; the kill column from "
-            "the hanging task's deadline (submit + 0.5 s timeout). One worker, so the next task "
-            "must wait for the replacement. The tasks are functions of benchmarks/_tasks.py, "
-            "which the template imported with the initializer: a task whose module a new worker "
-            "has not imported yet pays that import before it starts, in every replacement "
-            "(`python -m benchmarks._replace_latency --import MODULE` measures it).",
-            "Fault batch: the scenario-3 batch (configs + 1 task hung in C + 1 crashing task) on "
-            f"{w} workers whose initializer imports torch and triton and compiles one unrelated "
-            "kernel (for 'template': once, in the template; for 'interpreter': in each new "
-            "worker); budget = its fault-free wall + timeout / workers.",
-        ],
+    crash, kill, scale, faults = rows[-1].pop("values")
+    rows[0].pop("values")
+    table = Table.of(
+        f"worker starts with torch and triton imported ({w} workers; seconds, median of "
+        f"{ctx.repeats}; USS in MiB)",
+        rows,
     )
+    targets = [
+        Target("replacement after a crash, template start", crash, "<=", 0.1, unit=" s"),
+        Target("replacement after a timeout kill, template start", kill, "<=", 0.1, unit=" s"),
+        Target(f"warm_up() of {w} workers / of 1, template start", scale, "<=", 1.3),
+        Target("fault batch (1 hang + 1 crash) / budget, template start", faults, "<=", 1.05),
+    ]
+    notes = [
+        "The crash column counts from the submit of the crashing task (it dies as soon as it "
+        "starts) to the start of the next task on the replacement; the kill column from the "
+        "hanging task's deadline (submit + 0.5 s timeout). The tasks are functions of "
+        "benchmarks/_tasks.py, which the template imported with the initializer: a task whose "
+        "module a new worker has not imported yet pays that import before it starts, in every "
+        "replacement (`python -m benchmarks._replace_latency --import MODULE` measures it).",
+        f"Fault batch: the scenario-3 batch (configs + 1 task hung in C + 1 crashing task) on {w} "
+        "workers whose initializer imports torch and triton and compiles one unrelated kernel "
+        "(for 'template': once, in the template; for 'interpreter': in each new worker); budget "
+        "= its fault-free wall + timeout / workers.",
+    ]
+    title = "8. Worker starts: warm template vs fresh interpreter"
+    return Section("s8", title, intro(__doc__), [table], targets, notes)
 
 
 def _fault_batch(ctx: Context, mode: str, w: int) -> float:
@@ -167,14 +145,11 @@ def _fault_batch(ctx: Context, mode: str, w: int) -> float:
     warm_compile()
     times = _batch.warm_times(ctx, cfgs)
     timeout = max(2.0 if ctx.quick else 5.0, 3 * max(times.values()))
-    ex = _fresh(mode, w, "faults", _import_and_compile)
-    view = ex.options(timeout=timeout)
-    try:
+    with _fresh(mode, w, "faults", _import_and_compile) as ex:
+        view = ex.options(timeout=timeout)
         _batch.warm_workers(ex)
         clean = _batch.on_executor(view, cfgs, ctx.fresh_dir("ff")).wall_s
         _batch.warm_workers(ex)
         log = ctx.fresh_dir("log") + "/starts.log"
-        run: Any = _submit_all(view.submit, faulty_batch(cfgs, ctx.fresh_dir("f"), log, 1, 1), log)
-    finally:
-        ex.shutdown()
+        run = _submit_all(view.submit, faulty_batch(cfgs, ctx.fresh_dir("f"), log, 1, 1), log)
     return float(run.wall_s / (clean + timeout / w))

@@ -145,9 +145,11 @@ class Core:
         devices: tuple[str, ...] | None,
         spare_workers: int,
         start: Literal["template", "interpreter"] = "template",
+        max_tasks_per_child: int | None = None,
     ) -> None:
         self.hub = hub
         self.start = start
+        self.max_tasks_per_child = max_tasks_per_child
         self.lock = hub.lock
         self.changed = hub.changed
         self.max_workers = max_workers
@@ -274,7 +276,7 @@ class Core:
                 actions.append(Send(worker, task))
         actions += self._start_workers()
         if self.shutdown and not self.queued():
-            self._release_idle()
+            actions += self._release_idle()
         self.changed.notify_all()
         return actions
 
@@ -300,12 +302,24 @@ class Core:
                 return True
         return False
 
-    def _release_idle(self) -> None:
+    def _release_idle(self) -> list[Action]:
         now = time.monotonic()
+        actions: list[Action] = []
         for worker in self.idle:
-            self.workers.discard(worker)
-            self.hub.put_pooled(worker, now)
+            actions += self._give_back(worker, now)
         self.idle.clear()
+        return actions
+
+    def _give_back(self, worker: WorkerHandle, now: float) -> list[Action]:
+        """An idle worker leaves this executor: to the hub's pool, still warm — unless it ran
+        tasks under ``max_tasks_per_child``: then it stops, so the next executor counts its
+        limit from a fresh process, as the stdlib's pool (one pool, its own processes) does."""
+        self.workers.discard(worker)
+        if worker.max_tasks is not None and worker.tasks_run:
+            self.hub.forget(worker)
+            return [StopWorker(worker, kill=False)]
+        self.hub.put_pooled(worker, now)
+        return []
 
     def _spawn_workers(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.kind == "spawn"]
@@ -365,8 +379,13 @@ class Core:
         return self.enqueue(task)
 
     def device_key(self, device: str | None) -> bytes:
-        """The pool key of this executor's workers pinned to ``device``."""
-        return self.key if device is None else self.key + b"|device=" + device.encode()
+        """The pool key of this executor's workers pinned to ``device``: workers are shared
+        only by executors with the same initializer, device and ``max_tasks_per_child`` (a
+        worker counts its tasks from its start and leaves after that many)."""
+        key = self.key
+        if self.max_tasks_per_child is not None:
+            key += b"|max_tasks=%d" % self.max_tasks_per_child
+        return key if device is None else key + b"|device=" + device.encode()
 
     def _devices_least_used_first(self) -> list[str | None]:
         if not self.devices:
@@ -383,6 +402,7 @@ class Core:
             device,
             start=self.start,
             template_key=self.key,
+            max_tasks=self.max_tasks_per_child,
         )
         if owned:
             self.workers.add(worker)
@@ -429,9 +449,9 @@ class Core:
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.free(time.monotonic())
+            worker.tasks_run += 1
             if self.shutdown and not self.queued():
-                self.workers.discard(worker)
-                self.hub.put_pooled(worker, worker.since)
+                actions += self._give_back(worker, worker.since)
             else:
                 self.idle.append(worker)
         return actions + self.pump()
@@ -458,13 +478,17 @@ class Core:
         self.idle.append(worker)
         return self.pump()
 
-    def worker_gone(self, worker: WorkerHandle, *, expected: bool) -> list[Action]:
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]:
+        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
+        crashed one is, but not counted as a restart)."""
         self.workers.discard(worker)
         if worker in self.idle:
             self.idle.remove(worker)
         actions: list[Action] = []
         if worker.kind == "spawn" and not expected:
-            self.restarts += 1
+            self.restarts += 0 if recycled else 1
             if not self.shutdown and self.broken is None:
                 # Keep the pool at strength: a warm spare takes the dead worker's place at
                 # once; without one, a replacement starts now, not when the next task comes.
@@ -493,8 +517,7 @@ class Core:
                     self.cancelled += 1
             queue.clear()
         for idle in self.idle:  # nothing will use them: back to the pool, still warm
-            self.workers.discard(idle)
-            self.hub.put_pooled(idle, time.monotonic())
+            actions += self._give_back(idle, time.monotonic())
         self.idle.clear()
         self.changed.notify_all()
         return actions
@@ -648,6 +671,17 @@ class Core:
             self.workers.discard(worker)
             actions.append(StopWorker(worker, kill=False))
         self.idle.clear()
+        return actions
+
+    def stop_starting(self) -> list[Action]:
+        """Stop this executor's workers still starting — a replacement launched just before
+        ``terminate_workers()`` would otherwise say hello afterwards and go to the pool, keeping
+        its template alive too (issue 24) (lock held)."""
+        actions: list[Action] = []
+        for worker in [w for w in self.workers if w.state == "starting"]:
+            self.hub.forget(worker)
+            self.workers.discard(worker)
+            actions.append(StopWorker(worker, kill=True))
         return actions
 
 

@@ -4,6 +4,13 @@ A worker never pickles an exception object: it writes a plain :class:`ErrorRecor
 numbers and tuples of them). The parent rebuilds the exception from that record with
 :func:`proxy_from_record`, so no exception can break the pool — not one whose ``__init__`` needs
 other arguments, not one holding a lock, not one whose class exists only in the worker.
+
+``concurrent.futures.BrokenExecutor`` keeps the stdlib's and loky's meaning: the executor can run
+no more tasks, rebuild it. Only :class:`WorkerStartError` is one (a worker could not start: the
+initializer raised). A task that failed alone — :class:`WorkerCrashedError`, its dask subclass
+``NodeLostError``, :class:`TaskTimeoutError` — is a :class:`RemoteError` and the executor goes on.
+See docs/design.md, "Errors"; tested by ``tests/test_contract.py``
+(``test_only_an_unusable_executor_raises_broken_executor``).
 """
 
 from __future__ import annotations
@@ -151,10 +158,11 @@ class TaskTimeoutError(RemoteError, TimeoutError):
         )
 
 
-class WorkerCrashedError(RemoteError, BrokenExecutor):
+class WorkerCrashedError(RemoteError):
     """The worker running the task died (segfault, abort, ``os._exit``, SIGKILL, OOM killer).
 
-    Only this task fails; the worker is replaced and every other task goes on.
+    Only this task fails; the worker is replaced and every other task goes on. Not a
+    ``BrokenExecutor``: the executor is fine, nothing needs rebuilding.
 
     Attributes:
         exitcode: the exit status (negative: killed by that signal), or ``None`` if unknown.
@@ -198,7 +206,12 @@ class ResultSerializationError(RemoteError, TypeError):
 
 
 class WorkerStartError(BrokenExecutor):
-    """A worker could not be started (for example, the ``initializer`` raised)."""
+    """A worker could not be started (for example, the ``initializer`` raised).
+
+    A ``concurrent.futures.BrokenExecutor``, as in the stdlib pools: the executor is broken, its
+    queued tasks fail with this error and every later ``submit()`` raises it. Build a new
+    executor once the cause is fixed.
+    """
 
 
 class CudaInForkError(RuntimeError):

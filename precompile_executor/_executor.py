@@ -62,6 +62,7 @@ from ._validate import (
     check_chunksize,
     check_cost,
     check_flag,
+    check_max_tasks_per_child,
     check_priority,
     check_timeout,
     describe_unpicklable,
@@ -211,6 +212,10 @@ class PrecompileExecutor(Executor):
             kept across runs (shared by every executor in the process that names it), so the
             next batch starts its longest tasks first. ``None``: this executor learns in memory
             only. Triton compiles keep their own history beside the Triton cache.
+        max_tasks_per_child: as the stdlib's ``ProcessPoolExecutor``: a spawn worker leaves
+            after this many tasks and a fresh one replaces it (from the warm template: in
+            milliseconds), to bound what a leaking compiler accumulates. ``None``: workers live
+            on. Fork-path tasks run in a child each anyway.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -231,6 +236,7 @@ class PrecompileExecutor(Executor):
         spare_workers: int = 0,
         start: Start = "template",
         cost_history: str | os.PathLike[str] | None = None,
+        max_tasks_per_child: int | None = None,
     ) -> None:
         if max_workers is None:
             max_workers = _default_workers()
@@ -272,6 +278,7 @@ class PrecompileExecutor(Executor):
             _check_devices(devices),
             spare_workers,
             start,
+            check_max_tasks_per_child(max_tasks_per_child),
         )
         self._costs = CostModel() if cost_history is None else _shared_model(cost_history)
         self._base: PrecompileExecutor | None = None
@@ -644,7 +651,7 @@ class PrecompileExecutor(Executor):
         core.hub.run(actions)
         self._kill_until_idle(grace_s, f"killed by executor.{how}")
         with core.lock:
-            actions = core.stop_idle()
+            actions = core.stop_idle() + core.stop_starting()
         core.hub.run(actions)
         for device in core.devices or [None]:
             stop_idle_workers(core.device_key(device))
@@ -765,6 +772,12 @@ def stop_idle_workers(key: bytes | None = None) -> int:
     with hub.lock:
         keys = [key] if key is not None else list(hub.pool)
         victims = [w for k in keys for w in hub.pool.pop(k, []) if w.state == "idle"]
+        # Spares still starting (no executor holds them) would join the pool right after.
+        victims += [
+            w
+            for w in hub.workers
+            if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
+        ]
         for worker in victims:
             hub.forget(worker)
         # A warm template no live worker came from is only memory now: stop it too.

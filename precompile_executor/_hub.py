@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import shutil
 import socket
 import tempfile
@@ -40,7 +39,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -49,6 +48,7 @@ from loky.backend import get_context
 from . import _process
 from ._errors import TaskTimeoutError, WorkerCrashedError, WorkerStartError, proxy_from_record
 from ._fork import fork_task
+from ._jobs import JobPool
 from ._messages import (
     Done,
     Exited,
@@ -116,10 +116,12 @@ WORKER_START_TIMEOUT_S = 600.0
 on a loaded machine) before it counts as failed."""
 
 JOB_THREADS = 64
-"""Background job threads: kills wait out a grace period each, so many may run at once."""
+"""Most background job threads at once: kills wait out a grace period each, so many may run
+at once. Idle ones end (:mod:`._jobs`): only the monitor stays for the process's life."""
 
 SETTLE_THREADS = 4
-"""Threads that decode results and set futures; a slow done-callback holds only one."""
+"""Most threads decoding results and setting futures at once; a slow done-callback holds only
+one. Idle ones end, like the job threads."""
 
 
 class Hub:
@@ -152,16 +154,10 @@ class Hub:
         self.exiting = False  # the interpreter is exiting: no new tasks
         self._capture_ids = iter(range(1, 1 << 62))
         self._to_close: list[tuple[Connection, threading.Lock]] = []
-        self._jobs = ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="precompile-job")
-        # Settling is one small job per task: a plain queue and threads of our own cost less per
-        # task than a ThreadPoolExecutor (no Future, no Condition per job).
-        self._settle_queue: queue.SimpleQueue[tuple[Task, Any] | None] = queue.SimpleQueue()
-        self._settlers = [
-            threading.Thread(target=self._settle_loop, name=f"precompile-settle-{i}", daemon=True)
-            for i in range(SETTLE_THREADS)
-        ]
-        for thread in self._settlers:
-            thread.start()
+        # Both pools start threads on demand and let idle ones end (issue 24: a burst of kills
+        # left 64 idle threads for the process's life).
+        self._jobs = JobPool(JOB_THREADS, "precompile-job")
+        self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
@@ -191,6 +187,7 @@ class Hub:
         *,
         start: Literal["template", "interpreter"] = "interpreter",
         template_key: bytes = b"",
+        max_tasks: int | None = None,
     ) -> WorkerHandle:
         """Register a spawn worker in state ``starting`` (``lock`` held); launch it with
         a :class:`Launch` action."""
@@ -203,6 +200,7 @@ class Hub:
             start=start,
             template_key=template_key,
         )
+        worker.max_tasks = max_tasks
         worker.owner = owner
         self._starting[worker.token] = worker
         self.workers.add(worker)
@@ -257,22 +255,10 @@ class Hub:
             fn(*args)
 
     def _settle(self, task: Task, outcome: Any) -> None:
-        if self.closed and not any(t.is_alive() for t in self._settlers):
-            task.owner.settle(task, outcome)  # the settle threads are gone: do it here
-        else:
-            self._settle_queue.put((task, outcome))
-
-    def _settle_loop(self) -> None:
-        while True:
-            item = self._settle_queue.get()
-            if item is None:
-                return
-            task, outcome = item
-            try:
-                task.owner.settle(task, outcome)
-            except BaseException:  # noqa: BLE001 - settle never raises; never lose this thread
-                log.exception("settling task %d raised", task.id)
-            del item, task, outcome  # hold no result while waiting for the next one
+        try:
+            self._settlers.submit(task.owner.settle, task, outcome)
+        except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
+            task.owner.settle(task, outcome)
 
     def _send(self, worker: WorkerHandle, task: Task) -> None:
         assert task.blob is not None
@@ -345,7 +331,7 @@ class Hub:
                 env["CUDA_VISIBLE_DEVICES"] = env["PRECOMPILE_EXECUTOR_DEVICE"] = worker.device
             process = _LOKY.Process(
                 target=target,
-                args=(self.address, worker.token, worker.capture_path, init_blob),
+                args=(self.address, worker.token, worker.capture_path, init_blob, worker.max_tasks),
                 name=f"precompile-{worker.kind}-{worker.id}",
                 env=env,
             )
@@ -402,7 +388,11 @@ class Hub:
                     if conn is None or conn.closed:
                         raise OSError("template socket closed")
                     conn.send_bytes(
-                        encode(ForkWorker(worker.token, worker.capture_path, worker.device))
+                        encode(
+                            ForkWorker(
+                                worker.token, worker.capture_path, worker.device, worker.max_tasks
+                            )
+                        )
                     )
                 except (OSError, ValueError):
                     pass  # the template is dying: its end of file relaunches what it held
@@ -491,8 +481,11 @@ class Hub:
         with self.lock:
             while worker.pid not in self._exit_codes:
                 left = end - time.monotonic()
-                if left <= 0:
-                    return None  # its template died too: nobody knows
+                template = self.templates.get(worker.template_key)
+                if left <= 0 or template is None or template.is_dead():
+                    # Its template is gone too (stopped with it: terminate_workers()): its
+                    # messages were all read before its end, so nobody will report this one.
+                    return self._exit_codes.pop(worker.pid, None)
                 self.changed.wait(left)
             return self._exit_codes.pop(worker.pid)
 
@@ -521,6 +514,9 @@ class Hub:
         self._unpool(worker)
         if worker.kind == "template" and self.templates.get(worker.key) is worker:
             del self.templates[worker.key]
+        template = self.templates.get(worker.template_key) if worker.kind == "spawn" else None
+        if template is not None and worker in template.pending:
+            template.pending.remove(worker)  # not forked yet: never will be
         self.changed.notify_all()
 
     def _start_failed(self, worker: WorkerHandle, error: BaseException) -> None:
@@ -789,9 +785,15 @@ class Hub:
                 # A sticky CUDA error: this process is done for; replace it like a crashed one.
                 log.debug("worker pid %d retires after a sticky CUDA error", worker.pid)
                 self.forget(worker)
+            elif message.recycle:
+                # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
+                # it at once (from the warm template: milliseconds).
+                self.forget(worker)
             actions += task.owner.task_returned(task, (message, worker.pid))
-            if message.retire and worker.owner is not None:
-                actions += worker.owner.worker_gone(worker, expected=False)
+            if (message.retire or message.recycle) and worker.owner is not None:
+                actions += worker.owner.worker_gone(
+                    worker, expected=False, recycled=message.recycle
+                )
         if message.retire:
             actions.append(StopWorker(worker, kill=True))
         self.run(actions)
@@ -939,10 +941,7 @@ class Hub:
                 _reap_child(worker.pid)
             self._retire(worker)
         self._jobs.shutdown(wait=True)
-        for _ in self._settlers:
-            self._settle_queue.put(None)
-        for thread in self._settlers:
-            thread.join(timeout=10.0)
+        self._settlers.shutdown(wait=True, timeout_s=10.0)
         self.guardian.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 

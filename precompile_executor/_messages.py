@@ -48,20 +48,24 @@ class Started(NamedTuple):
 
 
 class Done(NamedTuple):
-    """Task ``task_id`` finished; ``retire``: this process's CUDA context is broken."""
+    """Task ``task_id`` finished; ``retire``: this process's CUDA context is broken;
+    ``recycle``: it ran its ``max_tasks_per_child`` and exits. Either way it is replaced."""
 
     task_id: int
     outcomes: list[Outcome]
     output: str | None
     retire: bool = False
+    recycle: bool = False
 
 
 class ForkWorker(NamedTuple):
-    """Parent → template: fork a worker that says hello as ``token`` (pinned to ``device``)."""
+    """Parent → template: fork a worker that says hello as ``token`` (pinned to ``device``;
+    leaving after ``max_tasks`` tasks unless ``None``)."""
 
     token: str
     capture_path: str
     device: str | None
+    max_tasks: int | None = None
 
 
 class Forked(NamedTuple):

@@ -70,7 +70,9 @@ class Owner(Protocol):
 
     def worker_ready(self, worker: WorkerHandle) -> list[Action]: ...
 
-    def worker_gone(self, worker: WorkerHandle, *, expected: bool) -> list[Action]: ...
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]: ...
 
     def worker_failed_to_start(
         self, worker: WorkerHandle, error: BaseException
@@ -188,6 +190,8 @@ class WorkerHandle:
         self.task: Task | None = None
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
+        self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
+        self.tasks_run = 0  # spawn workers: tasks that returned a Done
         self.send_lock = threading.Lock()  # a send and the close of ``conn`` never overlap
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ import sys
 from multiprocessing.connection import Connection, wait
 
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
-from ._worker import become_group_leader, connect_and_initialize, serve
+from ._worker import become_group_leader, connect_and_initialize, drop_inherited_trackers, serve
 
 DRIVER_THREAD = re.compile(r"cuda[0-9a-f]+")
 """The kernel name of the thread the CUDA driver leaves when something only asks it (or NVML)
@@ -135,8 +135,19 @@ def _gpu_libraries() -> str:
     return f"; loaded: {', '.join(loaded)}" if loaded else ""
 
 
-def serve_template(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:
-    """The template's life: initialize once, then fork workers until told to stop."""
+def serve_template(
+    address: str,
+    token: str,
+    capture_path: str,
+    init_blob: bytes | None,
+    max_tasks: int | None = None,
+) -> None:
+    """The template's life: initialize once, then fork workers until told to stop.
+
+    Same arguments as :func:`._worker.serve` (``max_tasks`` is each forked worker's, sent
+    with every fork request; a template runs no task)."""
+    del max_tasks
+    drop_inherited_trackers()  # before anything: every worker forked later inherits the result
     become_group_leader()
     conn, capture, ok = connect_and_initialize(address, token, capture_path, init_blob)
     if not ok:
@@ -168,7 +179,7 @@ def serve_template(address: str, token: str, capture_path: str, init_blob: bytes
                 continue
             pid = os.fork()
             if pid == 0:
-                _become_worker(message, address, conn, (wake_r, wake_w))
+                _become_worker(message, address, conn, (wake_r, wake_w, capture.fd))
             conn.send_bytes(encode(Forked(message.token, pid)))
     except (EOFError, OSError):
         pass
@@ -190,20 +201,21 @@ def _reap(conn: Connection) -> None:
 
 
 def _become_worker(
-    request: ForkWorker, address: str, conn: Connection, wake: tuple[int, int]
+    request: ForkWorker, address: str, conn: Connection, own_fds: tuple[int, ...]
 ) -> None:
-    """In the forked child: drop the template's resources, pin the device, serve; never return."""
+    """In the forked child: drop the template's resources (its wake pipe, its capture file, its
+    socket), pin the device, serve; never return."""
     code = 0
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in wake:
+        for fd in own_fds:
             os.close(fd)
         conn.close()  # the template's socket: its end must be the template's alone
         if request.device is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = request.device
             os.environ["PRECOMPILE_EXECUTOR_DEVICE"] = request.device
-        serve(address, request.token, request.capture_path, None)
+        serve(address, request.token, request.capture_path, None, request.max_tasks)
     except BaseException:  # noqa: BLE001 - leave with a code the parent can see
         code = 1
     finally:

@@ -81,3 +81,30 @@ def short_repr(obj: Any) -> str:
     except Exception:  # noqa: BLE001
         text = object.__repr__(obj)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_max_tasks_per_child(value: object) -> int | None:
+    """``max_tasks_per_child`` as the stdlib's ``ProcessPoolExecutor`` takes it: an int >= 1, or
+    ``None`` (workers live on). A ``bool`` is refused, unlike the stdlib, as for every count
+    here: ``True`` is surely a mistake."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_tasks_per_child must be an integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"max_tasks_per_child must be >= 1, got {value}")
+    return value
+
+
+def check_memory_limit(value: object) -> int | None:
+    """A memory limit in bytes (> 0), or ``None`` for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"memory_limit must be a number of bytes or None, got {value!r}")
+    if not value >= 1:
+        raise ValueError(
+            f"memory_limit must be >= 1 byte (e.g. 2 * 1024**3 for 2 GiB; None for no limit), "
+            f"got {value!r}"
+        )
+    return int(value)

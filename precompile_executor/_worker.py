@@ -191,7 +191,13 @@ def become_group_leader() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) -> None:
+def serve(
+    address: str,
+    token: str,
+    capture_path: str,
+    init_blob: bytes | None,
+    max_tasks: int | None = None,
+) -> None:
     """A spawn worker's life: connect, run the initializer, then serve tasks until told to stop.
 
     Runs in a fresh interpreter started by loky, or in a child forked from a warm template
@@ -202,14 +208,43 @@ def serve(address: str, token: str, capture_path: str, init_blob: bytes | None) 
         token: identifies this worker to the parent.
         capture_path: where this worker's fd 1 and fd 2 go.
         init_blob: cloudpickled ``(initializer, initargs)``, or ``None``.
+        max_tasks: leave after this many tasks (``max_tasks_per_child``); ``None``: never.
     """
+    drop_inherited_trackers()
     become_group_leader()
     conn, capture, ok = connect_and_initialize(
         address, token, capture_path, init_blob, open_cuda=True
     )
     if ok:
-        serve_tasks(conn, capture)
+        serve_tasks(conn, capture, max_tasks)
     conn.close()
+
+
+def drop_inherited_trackers() -> None:
+    """Close the caller's resource-tracker pipes that loky hands every process it starts.
+
+    loky passes each child the write end of the caller's ``multiprocessing`` resource tracker
+    (and of its own), so the child's semaphores and shared memory register there. A warm worker
+    lives for minutes after its executor is gone; holding that pipe, it keeps the tracker from
+    seeing end of file, and a caller that stops its tracker (``resource_tracker._stop()``, as
+    CPython's test harness does) blocks until the worker's idle timeout (issue 24;
+    tests/test_limits.py). A task that needs a tracker gets its own, started on first use and
+    ended with the worker: :data:`None` in ``_fd`` means "not started" to both trackers.
+    """
+    from multiprocessing import resource_tracker as mp_tracker
+
+    trackers: list[Any] = [mp_tracker._resource_tracker]
+    loky_tracker = sys.modules.get("loky.backend.resource_tracker")
+    if loky_tracker is not None:
+        trackers.append(loky_tracker._resource_tracker)
+    for tracker in trackers:
+        fd = getattr(tracker, "_fd", None)
+        if fd is None:
+            continue
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        tracker._fd = None
+        tracker._pid = None  # not this process's child: never waited for here
 
 
 def open_cuda_context() -> None:
@@ -259,8 +294,10 @@ def connect_and_initialize(
     return conn, capture, failure is None
 
 
-def serve_tasks(conn: Connection, capture: OutputCapture) -> None:
-    """Run each task the parent sends until it says stop or goes away."""
+def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None = None) -> None:
+    """Run each task the parent sends until it says stop or goes away, or (``max_tasks``)
+    until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends."""
+    ran = 0
     while True:
         try:
             message = decode(conn.recv_bytes())
@@ -272,8 +309,10 @@ def serve_tasks(conn: Connection, capture: OutputCapture) -> None:
             conn.send_bytes(encode(Started(message.task_id)))
             outcomes, output = execute(message.blob, message.n_calls, message.want_output, capture)
             retire = any(not ok and is_sticky_cuda_error(rec) for ok, rec in outcomes)
-            conn.send_bytes(encode(Done(message.task_id, outcomes, output, retire)))
+            ran += 1
+            recycle = not retire and max_tasks is not None and ran >= max_tasks
+            conn.send_bytes(encode(Done(message.task_id, outcomes, output, retire, recycle)))
         except (EOFError, OSError):
             break
-        if retire:
-            break  # this process's CUDA context is unusable: the parent replaces it
+        if retire or recycle:
+            break  # CUDA context unusable, or max_tasks_per_child reached: the parent replaces it

@@ -25,8 +25,10 @@ from precompile_executor import (
     ExecutorStatistics,
     PrecompileExecutor,
     SerializationError,
+    WorkerCrashedError,
     WorkerStartError,
 )
+from precompile_executor._errors import proxy_from_record, record_from_exception
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -292,6 +294,26 @@ def test_initializer_failure_breaks_the_executor_with_a_clear_error(make: Make) 
     with pytest.raises(cf.BrokenExecutor, match="triton_nightly"):
         executor.submit(crashers.square, 2)
     executor.shutdown()
+
+
+def test_only_an_unusable_executor_raises_broken_executor(make: Make) -> None:
+    """``BrokenExecutor`` means the executor cannot run tasks any more (the stdlib's and loky's
+    meaning: callers rebuild the pool). A crashed worker fails its task only: its error is a
+    ``WorkerCrashedError`` and not a ``BrokenExecutor``, and the executor goes on."""
+    with make(1) as executor:
+        error = executor.submit(crashers.self_sigkill).exception(timeout=60)
+        assert isinstance(error, WorkerCrashedError)
+        assert not isinstance(error, cf.BrokenExecutor)
+        assert executor.submit(crashers.square, 3).result(timeout=60) == 9
+
+
+def test_proxies_keep_the_meaning_of_broken_executor() -> None:
+    # A record of this library's errors (a task that used an executor of its own and re-raised
+    # its error) comes back as a proxy of the same class: a crash stays a plain task failure.
+    crash = proxy_from_record(record_from_exception(WorkerCrashedError(7, -9), "", "", 7))
+    assert isinstance(crash, WorkerCrashedError) and not isinstance(crash, cf.BrokenExecutor)
+    start = proxy_from_record(record_from_exception(WorkerStartError("init"), "", "", 7))
+    assert isinstance(start, WorkerStartError) and isinstance(start, cf.BrokenExecutor)
 
 
 def test_statistics_is_an_immutable_snapshot(make: Make) -> None:

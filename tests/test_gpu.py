@@ -43,6 +43,7 @@ from precompile_executor import (  # noqa: E402
     stop_idle_workers,
 )
 from precompile_executor._worker import STICKY_CUDA_ERROR  # noqa: E402
+from precompile_executor.examples import kernels as examples  # noqa: E402
 from precompile_executor.gpu import (  # noqa: E402
     RunOnce,
     RunReport,
@@ -142,47 +143,7 @@ def spin_kernel(flag_ptr):
         pass
 
 
-@triton.jit
-def matmul_kernel(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_ak,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // grid_n
-    pid_n = pid % grid_n
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        kk = k * BLOCK_K + rk
-        a = tl.load(
-            a_ptr + rm[:, None] * stride_am + kk[None, :] * stride_ak,
-            mask=(rm[:, None] < M) & (kk[None, :] < K),
-            other=0.0,
-        )
-        b = tl.load(
-            b_ptr + kk[:, None] * stride_bk + rn[None, :] * stride_bn,
-            mask=(kk[:, None] < K) & (rn[None, :] < N),
-            other=0.0,
-        )
-        acc = tl.dot(a, b, acc)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(tl.float16), mask)
+matmul_kernel = examples.matmul_kernel.fn  # the package's kernel, without its autotune configs
 
 
 def _axpy(x: Any, out: Any, alpha: float) -> None:

@@ -66,10 +66,13 @@ def _add() -> Any:
     return add
 
 
-def _originals() -> tuple[Any, Any]:
+def _originals() -> tuple[Any, Any, Any]:
+    from helion.autotuner.base_search import BaseSearch
+
     return (
         PrecompileFuture.__dict__["create"].__func__,
         PrecompileFuture.__dict__["wait_for_all"].__func__,
+        BaseSearch.__dict__["_prepare"],
     )
 
 

@@ -33,9 +33,11 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import queue
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from typing import Any, Literal
 
 from .. import (
@@ -49,6 +51,7 @@ from .. import wait_for_all as _executor_wait_for_all
 from ..gpu import SharedArgs, run_once, share_args
 from . import _seam
 from ._fork_task import ForkCompile
+from ._lease import lease_dir
 from ._spawn_task import generated_kernel
 
 log = logging.getLogger("precompile_executor.helion")
@@ -166,7 +169,8 @@ def create(
                 "Failed to serialize compiled kernel for spawn precompile."
                 ' Set HELION_AUTOTUNE_PRECOMPILE="fork" to fall back to fork mode.'
             ) from err
-        return HelionFuture(ctx, config, "spawn", generated_kernel(spec), timeout, decorator)
+        task = generated_kernel(spec, lease_dir())
+        return HelionFuture(ctx, config, "spawn", task, timeout, decorator)
     # Fork mode, exactly as Helion prepares it: the launch arguments are captured here.
     try:
         precompiler = _prepare_precompiler_for_fork(
@@ -224,20 +228,28 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
 @contextlib.contextmanager
 def _shared_args(futures: list[HelionFuture]) -> Iterator[dict[int, Any]]:
     """Kernel arguments for spawn tasks, by ``id(ctx.args)``: saved once for this batch."""
-    shared: dict[int, Any] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        shared: dict[int, Any] = {}
         for f in futures:
-            key = id(f.ctx.args)
-            if f.path == "spawn" and key not in shared:
-                args = tuple(f.ctx.args)
-                # weights_only loading takes tensors and plain data; anything else (a callable
-                # epilogue, say) travels with each task instead, cloudpickled.
-                shared[key] = share_args(args) if _plain(args) else args
+            if f.path == "spawn" and id(f.ctx.args) not in shared:
+                shared.update(stack.enter_context(shared_args(f.ctx.args)))
         yield shared
+
+
+@contextlib.contextmanager
+def shared_args(args: Sequence[object]) -> Iterator[dict[int, Any]]:
+    """``{id(args): handle}`` for spawn tasks of one batch; released on exit.
+
+    weights_only loading takes tensors and plain data; anything else (a callable epilogue, say)
+    travels with each task instead, cloudpickled.
+    """
+    values = tuple(args)
+    handle: Any = share_args(values) if _plain(values) else values
+    try:
+        yield {id(args): handle}
     finally:
-        for value in shared.values():
-            if isinstance(value, SharedArgs):
-                value.release()
+        if isinstance(handle, SharedArgs):
+            handle.release()
 
 
 def _plain(value: Any) -> bool:
@@ -260,42 +272,155 @@ def _run(
     shared: dict[int, Any],
     progress: Iterator[int],
 ) -> None:
-    cap = max(1, int(futures[0].ctx.jobs or 1))
-    queue = collections.deque(futures)
-    running: dict[Future[Any], HelionFuture] = {}
-    views: dict[tuple[str, float], PrecompileExecutor] = {}
-    try:
-        while queue or running:
-            while queue and len(running) < cap:
-                hf = queue.popleft()
-                view = views.get((hf.path, hf.timeout))
-                if view is None:
-                    view = executor.options(timeout=hf.timeout, path=hf.path, with_output=True)
-                    views[(hf.path, hf.timeout)] = view
-                if hf.path == "spawn":
-                    task = run_once(hf.task, shared[id(hf.ctx.args)], label=hf.decorator)
-                else:
-                    task = hf.task
-                hf.future = view.submit(task)
-                running[hf.future] = hf
-            done, _ = wait(running, timeout=POLL_S, return_when=FIRST_COMPLETED)
-            now = time.time()
-            for future, hf in running.items():
-                if hf.start_time is None and future.running():
-                    hf.start_time = now  # refined from the worker's own clock on success/timeout
-            for future in done:
-                hf = running.pop(future)
-                _settle(hf)
-                next(progress, None)
-                _report(hf)  # raises helion.exc.TritonError on "raise"
-    except BaseException:
-        _kill(list(running))
+    stream = Stream(executor, shared)
+    with stream:
         for hf in futures:
+            stream.add(hf)
+        stream.close_input()
+        for _ in stream.settled():
+            next(progress, None)
+
+
+class Stream:
+    """Runs one batch of configs' tasks on an executor and hands them back as they finish.
+
+    :meth:`add` queues a config's task (submitted at once while fewer than ``ctx.jobs`` run; the
+    rest are submitted from the completion callbacks, so the window stays full while the caller
+    is busy elsewhere, e.g. benchmarking). :meth:`settled` yields each future in completion order,
+    settled and reported as Helion would (a "raise" verdict raises ``helion.exc.TritonError``).
+    Leaving the ``with`` block — normally, on that error or on Ctrl-C — cancels what has not
+    started and kills the process groups of what runs.
+
+    Threads: :meth:`add`, :meth:`settled` and the ``with`` block run on the autotuner's thread;
+    ``_done`` runs on the executor's thread that completes a future (or on the caller's, if the
+    future was already done), under ``_lock``, and submits only spawn tasks (fork-path tasks
+    fork the caller: they are submitted on the autotuner's thread only).
+    """
+
+    def __init__(self, executor: PrecompileExecutor, shared: dict[int, Any]) -> None:
+        self._executor = executor
+        self._shared = shared
+        self._lock = threading.RLock()
+        self._waiting: collections.deque[HelionFuture] = collections.deque()
+        self._running: dict[Future[Any], HelionFuture] = {}
+        self._finished: queue.SimpleQueue[HelionFuture] = queue.SimpleQueue()
+        self._views: dict[tuple[str, float], PrecompileExecutor] = {}
+        self._all: list[HelionFuture] = []
+        self._handed = 0
+        self._input_closed = False
+        self._closed = False
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add(self, hf: HelionFuture) -> None:
+        """Queue ``hf``'s task; it starts as soon as fewer than ``ctx.jobs`` tasks run."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the precompile stream is closed")
+            self._all.append(hf)
+            self._waiting.append(hf)
+            self._submit_more()
+
+    def close_input(self) -> None:
+        """No more :meth:`add` calls: :meth:`settled` ends after the last one finishes."""
+        with self._lock:
+            self._input_closed = True
+
+    def pending(self) -> int:
+        """Configs added and not handed back by :meth:`settled` yet."""
+        with self._lock:
+            return len(self._all) - self._handed
+
+    def settled(self) -> Iterator[HelionFuture]:
+        """Yield each added future as its task finishes, settled (``ok``, ``failure_reason``,
+        ``elapsed``...) and reported; stops when input is closed and all were handed back.
+
+        Raises:
+            helion.exc.TritonError: a config failed with an error Helion classifies as "raise".
+        """
+        while True:
+            with self._lock:
+                self._submit_more()
+                if self._input_closed and self._handed == len(self._all):
+                    return
+            try:
+                hf = self._finished.get(timeout=POLL_S)
+            except queue.Empty:
+                self._note_starts()
+                continue
+            with self._lock:
+                self._handed += 1
+            _settle(hf)
+            _report(hf)  # raises helion.exc.TritonError on "raise"
+            yield hf
+
+    def close(self) -> None:
+        """Cancel what has not started, kill what runs; unsettled futures fail ("error")."""
+        with self._lock:
+            self._closed = True
+            self._waiting.clear()
+            running = list(self._running)
+        _kill(running)
+        now = time.time()
+        for hf in self._all:
             if hf.ok is None:
-                hf.end_time = time.time()
+                hf.end_time = hf.end_time or now
                 hf.ok = False
                 hf.failure_reason = "error"
-        raise
+
+    def _note_starts(self) -> None:
+        now = time.time()
+        with self._lock:
+            running = list(self._running.items())
+        for future, hf in running:
+            if hf.start_time is None and future.running():
+                hf.start_time = now  # refined from the worker's own clock on success/timeout
+
+    def _submit_more(self) -> None:
+        while self._waiting and not self._closed:
+            hf = self._waiting[0]
+            if len(self._running) >= max(1, int(hf.ctx.jobs or 1)):
+                return
+            self._waiting.popleft()
+            try:
+                future = self._submit(hf)
+            except BaseException as error:  # the executor is shut down, say: the config fails
+                hf.future = Future()
+                hf.future.set_exception(error)
+                hf.end_time = time.time()
+                self._finished.put(hf)
+                continue
+            hf.future = future
+            self._running[future] = hf
+            future.add_done_callback(self._done)
+
+    def _submit(self, hf: HelionFuture) -> Future[Any]:
+        view = self._views.get((hf.path, hf.timeout))
+        if view is None:
+            view = self._executor.options(timeout=hf.timeout, path=hf.path, with_output=True)
+            self._views[(hf.path, hf.timeout)] = view
+        if hf.path == "spawn":
+            task: Any = run_once(hf.task, self._shared[id(hf.ctx.args)], label=hf.decorator)
+        else:
+            task = hf.task
+        return view.submit(task)
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._lock:
+            hf = self._running.pop(future, None)
+            if hf is None:
+                return
+            hf.end_time = time.time()
+            self._finished.put(hf)
+            # Spawn tasks are sends: refill the window from here, while the autotuner is busy
+            # benchmarking. The fork path forks the caller; it forks only on the autotuner's
+            # thread, as Helion's own fork mode does (add() and settled() refill it).
+            if self._waiting and self._waiting[0].path == "spawn":
+                self._submit_more()
 
 
 def _kill(futures: list[Future[Any]]) -> None:
@@ -308,7 +433,8 @@ def _kill(futures: list[Future[Any]]) -> None:
 def _settle(hf: HelionFuture) -> None:
     """Record the outcome of ``hf``'s finished task (no logging, no raising)."""
     assert hf.future is not None
-    hf.end_time = time.time()
+    if hf.end_time is None:
+        hf.end_time = time.time()
     if hf.future.cancelled():
         hf.ok, hf.failure_reason = False, "error"
         return

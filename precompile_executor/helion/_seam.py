@@ -49,6 +49,55 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.benchmarking", "synchronize_device"),
     ("helion.runtime.precompile_shim", "classify_triton_exception"),
     ("helion.exc", "TritonError"),
+    ("helion.autotuner.benchmark_provider", "BenchmarkResult"),
+    ("helion.autotuner.benchmark_provider", "_searching_candidates"),
+    ("helion.autotuner.benchmark_provider", "_unset_fn"),
+    ("helion.autotuner.logger", "capture_output"),
+    ("helion.runtime.triton.launcher", "compile_only_launch_args"),
+)
+# The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
+# ``*`` marks where keyword-only parameters start.
+_PROVIDER_METHODS = {
+    "__init__": ("self", "kernel", "settings", "config_spec", "args", "log", "autotune_metrics"),
+    "benchmark": ("self", "configs", "*", "desc", "raise_if_no_viable_config"),
+    "_benchmark_function": ("self", "config", "fn", "*", "effective_source_hash"),
+    "benchmark_isolated": (
+        "self",
+        "fns",
+        "*",
+        "warmup",
+        "rep",
+        "desc",
+        "fresh_process",
+        "args_slots",
+        "timeout",
+    ),
+    "_create_precompile_future": ("self", "config", "fn"),
+    "_budget_exceeded_synced": ("self",),
+}
+# Names these functions' code must still use: how the provider is chosen and reached.
+_CODE_USES = (
+    ("helion.autotuner.base_search", "BaseSearch", "__init__", "_benchmark_provider_cls"),
+    ("helion.autotuner.base_search", "BaseSearch", "_prepare", "_benchmark_provider_cls"),
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "benchmark",
+        "_create_precompile_future",
+    ),
+    ("helion.autotuner.benchmark_provider", "LocalBenchmarkProvider", "benchmark", "wait_for_all"),
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "benchmark",
+        "_no_viable_config_error",
+    ),
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "benchmark",
+        "_benchmark_function",
+    ),
 )
 
 
@@ -100,6 +149,15 @@ def _params(fn: Any) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
 
+def _params_with_star(fn: Any) -> tuple[str, ...]:
+    out: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in out:
+            out.append("*")
+        out.append(p.name)
+    return tuple(out)
+
+
 def _seam_problems() -> list[str]:
     from helion.autotuner import precompile_future as pf
 
@@ -131,7 +189,41 @@ def _seam_problems() -> list[str]:
     finish_it = _inner_code(precompile_shim.make_precompiler.__code__, "finish_it")
     if finish_it is None or "classify_triton_exception" not in finish_it.co_names:
         problems.append("make_precompiler's finish_it no longer calls classify_triton_exception")
+    problems += _provider_problems()
     return problems
+
+
+def _provider_problems() -> list[str]:
+    from helion.autotuner import base_search, benchmark_provider
+
+    problems = []
+    local = benchmark_provider.LocalBenchmarkProvider
+    for name, want in _PROVIDER_METHODS.items():
+        raw = inspect.getattr_static(local, name, None)
+        if not inspect.isfunction(raw):
+            problems.append(f"LocalBenchmarkProvider.{name} is not a method")
+            continue
+        got = _params_with_star(raw)
+        if got != want:
+            problems.append(f"LocalBenchmarkProvider.{name}{got} != expected {want}")
+    prepare = inspect.getattr_static(base_search.BaseSearch, "_prepare", None)
+    if not inspect.isfunction(prepare) or _params(prepare) != ("self",):
+        problems.append("BaseSearch._prepare(self) is missing or changed")
+    for module_name, cls_name, method, name in _CODE_USES:
+        cls = getattr(importlib.import_module(module_name), cls_name, None)
+        fn = inspect.getattr_static(cls, method, None) if cls is not None else None
+        code = getattr(fn, "__code__", None)
+        if code is None or name not in _names(code):
+            problems.append(f"{cls_name}.{method} no longer uses {name}")
+    return problems
+
+
+def _names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
@@ -153,6 +245,7 @@ class _Installation:
     executor: PrecompileExecutor
     create: Any  # the staticmethod objects found on the class before we replaced them
     wait_for_all: Any
+    prepare: Any  # BaseSearch._prepare as found
 
 
 _lock = threading.RLock()
@@ -168,27 +261,58 @@ def current_executor() -> PrecompileExecutor:
         return _stack[-1].executor
 
 
-def _install(executor: PrecompileExecutor) -> _Installation:
-    if not isinstance(executor, PrecompileExecutor):
+def uses(executor: PrecompileExecutor) -> bool:
+    """Whether ``executor`` is the one the patched methods use now."""
+    with _lock:
+        return bool(_stack) and _stack[-1].executor is executor
+
+
+def _install(executor: PrecompileExecutor | None) -> _Installation:
+    if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
-    check_helion()
+    check_helion()  # before anything else: on refusal nothing is built or patched
+    from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
-    from . import _future
+    from . import _future, _warm
 
+    built = executor is None
+    if executor is None:
+        executor = _warm.default_executor()
     with _lock:
         entry = _Installation(
             executor,
             inspect.getattr_static(PrecompileFuture, "create"),
             inspect.getattr_static(PrecompileFuture, "wait_for_all"),
+            inspect.getattr_static(BaseSearch, "_prepare"),
         )
         PrecompileFuture.create = staticmethod(_future.create)
         PrecompileFuture.wait_for_all = staticmethod(_future.wait_for_all)
+        BaseSearch._prepare = _streaming_prepare(entry.prepare)
         _stack.append(entry)
-        return entry
+    if built and _warm.default_mode_is_spawn():
+        _warm.start_default_warm_up()
+    return entry
+
+
+def _streaming_prepare(original: Any) -> Any:
+    """``BaseSearch._prepare`` that builds the streaming provider where the search would build
+    Helion's plain ``LocalBenchmarkProvider`` (a provider class the caller chose is kept)."""
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
+
+    from ._provider import StreamingBenchmarkProvider
+
+    def _prepare(self: Any) -> None:
+        if getattr(self, "_benchmark_provider_cls", None) is LocalBenchmarkProvider:
+            self._benchmark_provider_cls = StreamingBenchmarkProvider
+        original(self)
+
+    _prepare.__wrapped__ = original  # type: ignore[attr-defined]
+    return _prepare
 
 
 def _restore(entry: _Installation) -> None:
+    from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
     with _lock:
@@ -199,26 +323,31 @@ def _restore(entry: _Installation) -> None:
             # Innermost: put back what was there before it (the outer installation's or Helion's).
             PrecompileFuture.create = entry.create
             PrecompileFuture.wait_for_all = entry.wait_for_all
+            BaseSearch._prepare = entry.prepare
         else:
             # Out of order: the next one up must restore what this one found.
             above = _stack[index + 1]
             _stack[index + 1] = dataclasses.replace(
-                above, create=entry.create, wait_for_all=entry.wait_for_all
+                above, create=entry.create, wait_for_all=entry.wait_for_all, prepare=entry.prepare
             )
         del _stack[index]
 
 
 @contextlib.contextmanager
-def use(executor: PrecompileExecutor) -> Iterator[PrecompileExecutor]:
-    """Within the block, Helion's autotuner precompiles on ``executor``.
+def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecutor]:
+    """Within the block, Helion's autotuner precompiles on ``executor`` and benchmarks each
+    config as soon as its precompile lands.
 
     Helion's ``autotune_precompile="fork"`` runs each config's compile on the executor's fork
-    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Helion's
-    originals are put back on exit, also on an exception. Blocks nest; the innermost wins.
+    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
+    executor, the process's executor for Helion is built once (``import_helion`` in the template,
+    the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
+    the background at once. Helion's originals are put back on exit, also on an exception.
+    Blocks nest; the innermost wins.
 
     Example::
 
-        with PrecompileExecutor(16) as ex, precompile_executor.helion.use(ex):
+        with precompile_executor.helion.use():
             kernel.autotune(args)
 
     Raises:
@@ -227,7 +356,7 @@ def use(executor: PrecompileExecutor) -> Iterator[PrecompileExecutor]:
     """
     entry = _install(executor)
     try:
-        yield executor
+        yield entry.executor
     finally:
         _restore(entry)
 
@@ -235,8 +364,9 @@ def use(executor: PrecompileExecutor) -> Iterator[PrecompileExecutor]:
 _global: _Installation | None = None
 
 
-def install(executor: PrecompileExecutor) -> None:
-    """Make every later Helion autotune in this process precompile on ``executor``.
+def install(executor: PrecompileExecutor | None = None) -> None:
+    """Make every later Helion autotune in this process precompile on ``executor`` (default:
+    the process's executor for Helion, as :func:`use` builds it).
 
     The process-wide form of :func:`use`; :func:`uninstall` undoes it. Installing again
     replaces the executor.

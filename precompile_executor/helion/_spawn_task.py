@@ -17,6 +17,11 @@ does in a fresh interpreter per config, done on a worker that stays:
 * ``TRITON_*`` variables are those of the parent when it submitted the batch (Helion points
   ``TRITON_CACHE_DIR`` at a temporary directory while it autotunes), set for the call and put
   back after it, so the worker fills the cache the parent will launch from.
+* Timing integrity (``docs/helion.md``, "GPU lease"): the generated host function first runs with
+  a launcher that only compiles (Helion's ``compile_only_launch_args``, Triton's
+  ``run(warmup=True)``), outside any lease; then the real call — a Triton cache hit, one launch —
+  and its synchronisation run under the GPU's shared lease, which Helion's measurements take
+  exclusively.
 
 Threads: a worker runs one task at a time on its main thread; ``_modules`` is only touched there.
 """
@@ -100,22 +105,50 @@ class GeneratedKernel:
     spec: Any
     triton_env: Mapping[str, str]
     key: str
+    lease_dir: str | None = None
 
     def __call__(self, *args: Any) -> None:
-        """Load (or reuse) the module, call it once and synchronise while its output lives."""
+        """Load (or reuse) the module, compile, then call it once and synchronise while its
+        output lives, under this GPU's shared lease."""
+        from helion.autotuner.benchmarking import synchronize_device
+
+        from ._lease import device_lease
+
         with _environment(self.triton_env):
             fn = _load(self.spec, self.key)
-            output = fn(*args)
-            from helion.autotuner.benchmarking import synchronize_device
+            if _takes_launcher(fn):
+                # Compile only: no kernel runs, no lease. Anything unexpected here is left to the
+                # real call below, which reports it (a real compile error compiles again there).
+                with contextlib.suppress(Exception):
+                    fn(*args, _launcher=_compile_only)
+            lease = device_lease(self.lease_dir) if self.lease_dir is not None else None
+            with lease.shared() if lease is not None else contextlib.nullcontext():
+                output = fn(*args)
+                synchronize_device()
+                del output
 
-            synchronize_device()
-            del output
+
+def _takes_launcher(fn: Any) -> bool:
+    import inspect
+
+    try:
+        return "_launcher" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
-def generated_kernel(spec: Any) -> GeneratedKernel:
+def _compile_only(triton_kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
+    """A Helion ``_launcher`` that compiles the launch's specialisation and launches nothing."""
+    from helion.runtime.triton.launcher import compile_only_launch_args
+
+    run_args, run_kwargs = compile_only_launch_args(*args, **kwargs)
+    triton_kernel.run(*run_args, grid=grid, warmup=True, **run_kwargs)
+
+
+def generated_kernel(spec: Any, lease_dir: str | None = None) -> GeneratedKernel:
     """Build the task's kernel for ``spec`` with this process's ``TRITON_*`` variables."""
     env = triton_environment()
-    return GeneratedKernel(spec, env, source_key(spec, env))
+    return GeneratedKernel(spec, env, source_key(spec, env), lease_dir)
 
 
 def import_helion(target: str | None = None) -> None:

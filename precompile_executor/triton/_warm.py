@@ -245,7 +245,7 @@ def warm(
                         target_name = format_target(_current_target())
                     # Queue every config before any starts, so the executor starts the longest
                     # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
-                    with _held(adapter.executor):
+                    with holding_batch(adapter.executor):
                         _submit_all(specs, adapter, done, waiting, emit)
                 _wait_all(waiting, done, emit)
             finally:
@@ -259,6 +259,68 @@ def warm(
     return WarmReport(target=target_name, results=results, wall_time_s=wall_time_s)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigCompile:
+    """What :func:`compile_configs` did for one config.
+
+    Attributes:
+        config: the ``triton.Config`` (``None`` for a kernel without configs).
+        label: its meta-parameters and options, e.g. ``"BLOCK=64, num_warps=4"``.
+        job: the compile submitted for it, or ``None``: already in the JIT's memory or the
+            caller's cache as an earlier config's compile, or the JIT refused the arguments.
+        kernel: what the JIT returned: a ``FutureKernel`` (compiling), a ``CompiledKernel``
+            (already in memory) or ``None``.
+        error: what the JIT raised for these arguments (a bad argument, an unsendable kernel).
+    """
+
+    config: Any
+    label: str
+    job: CompileJob | None = None
+    kernel: Any = None
+    error: Exception | None = None
+
+
+def compile_configs(
+    kernel: Any,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    configs: Iterable[Any],
+    adapter: TritonCompileExecutor,
+) -> list[ConfigCompile]:
+    """Submit one compile per config of ``kernel`` for exactly these launch arguments.
+
+    This is the one path from "these configs of this kernel, for these arguments" to compiles
+    in workers, shared by :func:`warm` (and ``precompile-executor warm``) and by
+    ``precompile_executor.triton.autotune``. Each config goes through the JIT's own launch path
+    in warm-up mode — binding, specialisation, options, cache key — so the compile is the one a
+    launch with these arguments looks up. Call it with an ``AsyncCompileMode(adapter)`` active.
+
+    Args:
+        kernel: an ``Autotuner`` (its ``fn`` is launched, so a ``Heuristics`` wrapper under it
+            adds its values), a ``Heuristics`` wrapper or a ``JITFunction``.
+        args: the launch's positional arguments (tensors or :class:`TensorSpec`).
+        kwargs: its keyword arguments, without ``grid`` and ``warmup``.
+        configs: ``triton.Config`` objects, or ``[None]`` for a kernel without configs.
+        adapter: the executor the mode submits to.
+    """
+    # Autotuner launches ``self.fn.run(*args, **kwargs, **config.all_kwargs())``; its ``fn``
+    # may be a Heuristics wrapper, which then adds its own keyword arguments.
+    entry = kernel.fn if isinstance(kernel, Autotuner) else kernel
+    results = []
+    for config in configs:
+        meta = dict(config.all_kwargs()) if config is not None else {}
+        label = _describe(meta)
+        before = len(adapter.jobs)
+        try:
+            compiled = entry.warmup(*args, grid=WARMUP_GRID, **kwargs, **meta)
+        except Exception as exc:  # a bad argument, an unsendable kernel, …
+            results.append(ConfigCompile(config, label, error=exc))
+            continue
+        jobs = adapter.jobs[before:]
+        results.append(ConfigCompile(config, label, jobs[0] if jobs else None, compiled))
+    return results
+
+
 def _submit_all(
     specs: KernelSpecs,
     adapter: TritonCompileExecutor,
@@ -269,34 +331,27 @@ def _submit_all(
     index = 0
     for kernel, launches in specs.items():
         name = unwrap_jit_function(kernel).__name__
-        # Autotuner launches ``self.fn.run(*args, **kwargs, **config.all_kwargs())``; its ``fn``
-        # may be a Heuristics wrapper, which then adds its own keyword arguments.
-        entry = kernel.fn if isinstance(kernel, Autotuner) else kernel
         for one in launches:
             args, kwargs = (
                 (one.args, dict(one.kwargs)) if isinstance(one, Launch) else (tuple(one), {})
             )
-            for config in configs_of(kernel):
+            for compiled in compile_configs(kernel, args, kwargs, configs_of(kernel), adapter):
                 index += 1
-                meta = dict(config.all_kwargs()) if config is not None else {}
-                label = _describe(meta)
-                before = len(adapter.jobs)
-                try:
-                    entry.warmup(*args, grid=WARMUP_GRID, **kwargs, **meta)
-                except Exception as exc:  # a bad argument, an unsendable kernel, …
+                if compiled.error is not None:
                     result = ConfigResult(
-                        name, label, "failed", error=exc, classification=classify(exc)
+                        name,
+                        compiled.label,
+                        "failed",
+                        error=compiled.error,
+                        classification=classify(compiled.error),
                     )
-                    done.append((index, result))
-                    emit(result)
+                elif compiled.job is not None:
+                    waiting.append((index, name, compiled.label, compiled.job))
                     continue
-                jobs = adapter.jobs[before:]
-                if jobs:
-                    waiting.append((index, name, label, jobs[0]))
                 else:  # already in the JIT's memory, or the same compile as an earlier config
-                    result = ConfigResult(name, label, "cached")
-                    done.append((index, result))
-                    emit(result)
+                    result = ConfigResult(name, compiled.label, "cached")
+                done.append((index, result))
+                emit(result)
 
 
 def _wait_all(
@@ -336,7 +391,7 @@ def _result_of(name: str, config: str, job: CompileJob) -> ConfigResult:
     )
 
 
-def _held(executor: Executor) -> AbstractContextManager[Any]:
+def holding_batch(executor: Executor) -> AbstractContextManager[Any]:
     batch = getattr(executor, "batch", None)
     return batch() if callable(batch) else nullcontext()
 

@@ -1,0 +1,341 @@
+"""One ``@triton.autotune`` call on a new tuning key, with its configs compiled in workers.
+
+::
+
+    Autotuner.run(*args, **kwargs)            [patched_run: a Tune for this call]
+      prune_configs(kwargs)                   [patched_prune_configs: tune.configs = pruned]
+      check_disk_cache / benchmark()          Triton's own; a disk hit never reaches _bench
+        _bench(config=pruned[0])              [patched_bench → tune.timing]
+          first call: compile_configs()  ───► one compile per config in the executor
+                      (AsyncCompileMode,        (held as a batch: longest predicted first)
+                       batch held)
+                      as each lands ─────────── FutureKernel.result(): into the JIT's cache
+                        original _bench(config)   do_bench, hooks, launches: Triton's own
+          → its timing
+        _bench(config=pruned[i])             → the timing measured above
+      self.fn.run(best config)                Triton's own launch
+    close(): cancel what is still queued; drop our entries from the JIT's memory
+
+A compile that crashed or hung its worker (``WorkerCrashedError``, ``TaskTimeoutError``; any
+``BrokenExecutor``, ``TimeoutError`` or cancellation) is timed ``inf`` without a launch and logged
+once with the worker's captured output. Any other failed compile is left to Triton: the JIT's
+cache holds a stand-in that raises the worker's exception (a proxy of the same class) at launch,
+so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and ``CompileTimeAssertionFailure`` to
+``inf`` and lets anything else propagate, exactly as stock Triton does, and if every config
+fails, Triton's final launch raises it. Nothing failed is ever compiled again in this process.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import BrokenExecutor, CancelledError, Future, as_completed
+from typing import Any
+
+from triton.runtime import _async_compile
+from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
+from triton.runtime.driver import driver
+
+from ._async import TritonCompileExecutor
+from ._kernel_ref import unwrap_jit_function
+from ._submit import default_executor
+from ._warm import ConfigCompile, compile_configs, holding_batch
+
+logger = logging.getLogger("precompile_executor.triton.autotune")
+
+ORIGINALS: dict[str, Any] = {}
+"""Triton's ``run``, ``prune_configs`` and ``_bench``, filled in by the seam when it patches."""
+
+INF_TIMING = [float("inf")] * 3
+"""What Triton's ``_bench`` returns for a config that cannot run (one value per quantile)."""
+
+_LAUNCH_ONLY = ("grid", "warmup")
+"""Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
+
+OFF: Any = object()
+"""No executor: autotune as stock Triton does."""
+
+scoped_executor: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "precompile_executor_triton_autotune", default=OFF
+)
+"""The executor of the innermost ``use()`` block of this context (``None``: the shared
+default), or ``OFF``."""
+
+process_executor: list[Any] = [OFF]
+"""The executor of ``install()`` (``None``: the shared default), or ``OFF``; a one-element list
+so the seam can replace it under its lock."""
+
+
+def current_executor() -> Any:
+    """Return the executor autotunes of this context compile in: ``None`` for the shared
+    default, ``OFF`` for none (stock Triton)."""
+    scoped = scoped_executor.get()
+    return scoped if scoped is not OFF else process_executor[0]
+
+
+_running: contextvars.ContextVar[tuple[Tune, ...]] = contextvars.ContextVar(
+    "precompile_executor_triton_tunes", default=()
+)
+
+
+def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call."""
+    executor = current_executor()
+    if executor is OFF or _async_compile.active_mode.get() is not None:
+        # Off, or inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
+        return ORIGINALS["run"](self, *args, **kwargs)
+    tune = Tune(self, executor, args, kwargs)
+    token = _running.set((*_running.get(), tune))
+    failed = True
+    try:
+        result = ORIGINALS["run"](self, *args, **kwargs)
+        failed = False
+        return result
+    finally:
+        _running.reset(token)
+        tune.close(failed=failed)
+
+
+def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
+    """``Autotuner.prune_configs``; hands the pruned list to this call's tune."""
+    pruned = ORIGINALS["prune_configs"](self, kwargs)
+    tune = _tune_of(self)
+    if tune is not None and tune.configs is None:
+        tune.configs = list(pruned)
+    return pruned
+
+
+def patched_bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
+    """``Autotuner._bench``; the configs of a tune are timed as their compiles land."""
+    original = ORIGINALS["_bench"]
+    tune = _tune_of(self)
+    if tune is None or not tune.covers(config):
+        return original(self, *args, config=config, **meta)
+    return tune.timing(config, lambda c: original(self, *args, config=c, **meta))
+
+
+def _tune_of(autotuner: Any) -> Tune | None:
+    for tune in reversed(_running.get()):
+        if tune.autotuner is autotuner:
+            return tune
+    return None
+
+
+class _FailedCompile:
+    """Stands in the JIT's kernel cache for a config whose compile failed in a worker.
+
+    The JIT's launch reads attributes of the cached kernel (``launch_metadata``, ``run``);
+    each read raises the worker's exception, so Triton handles it as it would have handled the
+    same failure of its own compile, and the config is not compiled again in this process.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        raise self.error.with_traceback(None)
+
+
+@dataclasses.dataclass(eq=False)
+class _Entry:
+    """One pruned config of a tune: its compile, and where the JIT caches its kernel."""
+
+    compiled: ConfigCompile
+    future: Future[Any] | None
+    cache: dict[Any, Any] | None
+    key: Any
+    outcome: Any = None
+    """Its timing, or the exception ``_bench`` raised for it (re-raised on its turn)."""
+    measured: bool = False
+
+    @property
+    def config(self) -> Any:
+        return self.compiled.config
+
+
+def is_isolation_failure(exc: BaseException) -> bool:
+    """Return whether a compile failed by crashing, hanging or losing its worker (not a
+    compiler error): Triton would have died or hung with it, so it is timed ``inf``."""
+    return isinstance(exc, BrokenExecutor | TimeoutError | CancelledError)
+
+
+class Tune:
+    """The state of one ``Autotuner.run`` call while it benchmarks a new tuning key.
+
+    Created for every call, it costs nothing until ``prune_configs`` runs (a new key) and the
+    first config reaches ``_bench`` (no disk-cache hit, more than one config).
+
+    Attributes:
+        autotuner: the ``Autotuner`` being run.
+        configs: the pruned configs, once ``prune_configs`` has run.
+    """
+
+    def __init__(
+        self, autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
+        self.autotuner = autotuner
+        self.configs: list[Any] | None = None
+        self._executor = executor
+        self._args = tuple(args)
+        self._kwargs = {k: v for k, v in kwargs.items() if k not in _LAUNCH_ONLY}
+        self._adapter: TritonCompileExecutor | None = None
+        self._entries: dict[Any, _Entry] = {}
+        self._logged: set[int] = set()
+
+    def covers(self, config: Any) -> bool:
+        """Return whether ``config`` is one of this tune's pruned configs."""
+        return self.configs is not None and any(c is config for c in self.configs)
+
+    def timing(self, config: Any, bench: Callable[[Any], Any]) -> Any:
+        """Return ``config``'s timing; the first call submits and benchmarks every config.
+
+        Args:
+            config: the config Triton's loop asks for.
+            bench: Triton's ``_bench`` for a config, with this call's arguments.
+        """
+        if self._adapter is None:
+            self._submit()
+            self._bench_as_landed(bench)
+        entry = self._entries.get(config)
+        if entry is None:  # not among the submitted configs: Triton compiles it itself
+            return bench(config)
+        if not entry.measured:  # the loop above stopped at an error; go on in Triton's order
+            return self._measure(entry, bench)
+        if isinstance(entry.outcome, BaseException):
+            raise entry.outcome.with_traceback(None)
+        return entry.outcome
+
+    def _submit(self) -> None:
+        executor = self._executor if self._executor is not None else default_executor()
+        self._adapter = adapter = TritonCompileExecutor(executor)
+        configs = self.configs or []
+        token = _async_compile.active_mode.set(AsyncCompileMode(adapter, ignore_errors=True))
+        try:
+            # Queue every config before any starts, so the executor starts the longest
+            # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
+            with holding_batch(executor):
+                compiled = compile_configs(
+                    self.autotuner, self._args, self._kwargs, configs, adapter
+                )
+        finally:
+            _async_compile.active_mode.reset(token)
+        cache = _kernel_cache(self.autotuner)
+        for one in compiled:
+            kernel = one.kernel
+            future = kernel.future if isinstance(kernel, FutureKernel) else None
+            key = _key_of(cache, kernel) if future is not None else None
+            self._entries[one.config] = _Entry(one, future, cache, key)
+            if one.error is not None:
+                logger.debug(
+                    "%s: config %s could not be sent to a worker (%s: %s); Triton compiles it "
+                    "in this process",
+                    _name(self.autotuner),
+                    one.config,
+                    type(one.error).__name__,
+                    one.error,
+                )
+
+    def _bench_as_landed(self, bench: Callable[[Any], Any]) -> None:
+        """Benchmark every config whose compile is done or in memory, in the order they land;
+        stop at the first exception (Triton's loop re-raises it on that config's turn)."""
+        entries = list(self._entries.values())
+        by_future: dict[Future[Any], list[_Entry]] = {}
+        for entry in entries:
+            if entry.future is not None:
+                by_future.setdefault(entry.future, []).append(entry)
+        ready = [e for e in entries if e.future is None and e.compiled.error is None]
+        for entry in ready:
+            if not self._record(entry, bench):
+                return
+        for future in as_completed(by_future):
+            for entry in by_future[future]:
+                if not self._record(entry, bench):
+                    return
+
+    def _record(self, entry: _Entry, bench: Callable[[Any], Any]) -> bool:
+        try:
+            entry.outcome = self._measure(entry, bench)
+        except Exception as exc:  # noqa: BLE001 - re-raised on the config's turn in the loop
+            entry.outcome = exc
+            entry.measured = True
+            return False
+        entry.measured = True
+        return True
+
+    def _measure(self, entry: _Entry, bench: Callable[[Any], Any]) -> Any:
+        future = entry.future
+        if future is not None:
+            exc = CancelledError() if future.cancelled() else future.exception()
+            if exc is None:
+                entry.compiled.kernel.result()  # into the JIT's cache, as Triton finalizes it
+            else:
+                if entry.cache is not None and entry.key is not None:
+                    entry.cache[entry.key] = _FailedCompile(exc)
+                if is_isolation_failure(exc):
+                    self._log_isolated(entry, exc)
+                    return list(INF_TIMING)
+        return bench(entry.config)
+
+    def _log_isolated(self, entry: _Entry, exc: BaseException) -> None:
+        if id(entry.future) in self._logged:
+            return
+        self._logged.add(id(entry.future))
+        what = (
+            "timed out"
+            if isinstance(exc, TimeoutError)
+            else "was cancelled"
+            if isinstance(exc, CancelledError)
+            else "crashed its worker"
+        )
+        output = getattr(exc, "captured_output", "") or "(none)"
+        logger.warning(
+            "%s: the compile of config %s %s (%s: %s); timed as inf, the autotune goes on. "
+            "Compiler output:\n%s",
+            _name(self.autotuner),
+            entry.config,
+            what,
+            type(exc).__name__,
+            exc,
+            output.rstrip(),
+        )
+
+    def close(self, *, failed: bool) -> None:
+        """Cancel compiles still queued (and, after an error or Ctrl-C, kill running ones);
+        leave the JIT's memory cache holding only kernels that really compiled."""
+        adapter = self._adapter
+        if adapter is None:
+            return
+        adapter.shutdown(wait=False, cancel_futures=True)
+        if failed:
+            from precompile_executor import kill_running_futures
+
+            kill_running_futures(
+                job.task_future for job in adapter.jobs if job.task_future is not None
+            )
+        for entry in self._entries.values():
+            if entry.cache is None or entry.key is None:
+                continue
+            current = entry.cache.get(entry.key)
+            if isinstance(current, FutureKernel | _FailedCompile):
+                del entry.cache[entry.key]
+
+
+def _kernel_cache(autotuner: Any) -> dict[Any, Any] | None:
+    """Return the JIT's in-memory kernel cache for the current device."""
+    jit = unwrap_jit_function(autotuner)
+    caches = jit.device_caches.get(driver.active.get_current_device())
+    return caches[0] if caches else None
+
+
+def _key_of(cache: dict[Any, Any] | None, kernel: Any) -> Any:
+    if cache is None:
+        return None
+    return next((key for key, value in cache.items() if value is kernel), None)
+
+
+def _name(autotuner: Any) -> str:
+    return str(getattr(unwrap_jit_function(autotuner), "__name__", autotuner))

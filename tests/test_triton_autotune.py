@@ -1,0 +1,572 @@
+"""``precompile_executor.triton.autotune``: ``@triton.autotune`` compiling its configs in workers.
+
+Every compile is real (Triton for sm_90, no GPU needed). Without a GPU, the autotunes run on
+:class:`DryRunGPU`: Triton's active driver for an sm_90 device whose launches are recorded and
+never run. Everything up to the launch is Triton's own — binding, specialisation, the JIT's
+caches, loading checks (its shared-memory limit is sm_90's, so Triton raises a real
+``OutOfResources``) — and each test's ``do_bench=`` (public API) launches once through it and
+returns a timing chosen by the test, so the winner is known. The caller's cache is a fresh
+directory per test and every in-process compile is recorded, so "found in the caller's cache"
+can only pass if the workers' files were installed under the keys this process's launches use.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from triton import knobs  # noqa: E402
+from triton.compiler.errors import CompilationError  # noqa: E402
+from triton.runtime.autotuner import Autotuner  # noqa: E402
+from triton.runtime.driver import driver  # noqa: E402
+from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from precompile_executor import PrecompileExecutor, stop_idle_workers  # noqa: E402
+from precompile_executor.examples import autotune_kernels  # noqa: E402
+from precompile_executor.triton import (  # noqa: E402
+    CompileOnlyDriver,
+    UnsupportedTritonError,
+    classify,
+    parse_target,
+)
+from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
+
+pytestmark = [
+    # Triton 3.9 warns once that its FP-fusion default will change; not ours to act on.
+    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
+]
+
+TARGET = "cuda:90"
+SM90_MAX_SHARED_BYTES = 232448
+"""The opt-in shared memory per block of an H100/H200 (227 KiB): what Triton checks at load."""
+TASK_TIMEOUT_S = 60.0
+"""Per-compile timeout of the test executor, so a hung compiler cannot hang a test."""
+HANG_TIMEOUT_S = 8.0
+"""Per-compile timeout of the executor that meets the hanging compile (its cost in the test)."""
+
+
+# -- kernels ------------------------------------------------------------------------------------
+
+
+@triton.jit
+def double_jit(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0, mask=mask)
+
+
+DOUBLE_CONFIGS = [
+    triton.Config({"BLOCK": 64}, num_warps=2),
+    triton.Config({"BLOCK": 128}, num_warps=4),
+    triton.Config({"BLOCK": 256}, num_warps=4),
+    triton.Config({"BLOCK": 512}, num_warps=8),
+    triton.Config({"BLOCK": 1024}, num_warps=8),
+]
+DOUBLE_TIMES_MS = {64: 5.0, 128: 3.0, 256: 1.0, 512: 2.0, 1024: 4.0}
+"""The timing the fake benchmark gives each BLOCK: BLOCK=256 wins."""
+
+
+@triton.jit
+def dot_jit(a_ptr, b_ptr, c_ptr, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.arange(0, BM)
+    rn = tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a = a_ptr + rm[:, None] * K + rk[None, :]
+    b = b_ptr + rk[:, None] * BN + rn[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, K, BK):
+        acc = tl.dot(tl.load(a), tl.load(b), acc)
+        a += BK
+        b += BK * BN
+    tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc)
+
+
+SMALL_DOT = triton.Config({"BM": 32, "BN": 32, "BK": 32}, num_stages=2, num_warps=4)
+HUGE_DOT = triton.Config({"BM": 32, "BN": 32, "BK": 128}, num_stages=16, num_warps=4)
+"""16 pipelined stages of 32×128 + 128×32 fp16 tiles: 240 KiB of shared memory, over sm_90's."""
+
+
+@triton.jit
+def asm_jit(x_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    y = tl.inline_asm_elementwise(ASM, "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+    tl.store(x_ptr + offs, y, mask=offs < n)
+
+
+# -- a GPU whose launches do nothing ------------------------------------------------------------
+
+
+class FakeTensor:
+    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return 1 << 20
+
+
+class DryRunGPU(CompileOnlyDriver):
+    """Triton's active driver for an sm_90 device: launches are recorded, never run.
+
+    Each instance is a different device to the JIT, so no test sees another's in-memory kernels.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(parse_target(TARGET))
+        self.device = f"dry-run-sm90-{uuid.uuid4().hex[:8]}"
+        self.launches: list[dict[str, Any]] = []
+        self.utils = _DryRunUtils()
+        self.launcher_cls = self._launcher
+
+    def _launcher(self, src: Any, metadata: Any) -> Callable[..., None]:
+        names = src.fn.arg_names
+        constants = {names[path[0]]: value for path, value in src.constants.items()}
+
+        def launch(*_: Any) -> None:
+            self.launches.append({**constants, "num_warps": metadata.num_warps})
+
+        return launch
+
+
+class _DryRunUtils:
+    def get_device_properties(self, device: Any) -> dict[str, int]:
+        return {"max_shared_mem": SM90_MAX_SHARED_BYTES, "multiprocessor_count": 132}
+
+    def load_binary(self, name: str, kernel: Any, shared: int, device: Any) -> tuple[Any, ...]:
+        return None, None, 32, 0, 1024  # module, function, registers, spills, max threads
+
+
+class Bench:
+    """A ``do_bench=`` that launches once (Triton's launch path) and returns a chosen timing.
+
+    Records, for each call, which config ran and how many of the executor's compiles were
+    still queued or running at that moment.
+    """
+
+    def __init__(
+        self,
+        gpu: DryRunGPU,
+        times_ms: Callable[[dict[str, Any]], float],
+        executor: PrecompileExecutor | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.times_ms = times_ms
+        self.executor = executor
+        self.calls: list[dict[str, Any]] = []
+        self.unfinished: list[int] = []
+
+    def __call__(self, kernel_call: Callable[[], None], quantiles: Any = None) -> list[float]:
+        if self.executor is not None:
+            stats = self.executor.statistics()
+            self.unfinished.append(stats.queued + stats.running)
+        kernel_call()
+        launched = self.gpu.launches[-1]
+        self.calls.append(launched)
+        return [self.times_ms(launched)] * 3
+
+
+class CompileLog:
+    """Every ``triton.compile`` in this process (the caller): kernel name and cache hit."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, bool]] = []
+
+    def __call__(
+        self, *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
+    ) -> None:
+        self.events.append((src.name, cache_hit))
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_workers() -> Iterator[None]:
+    yield
+    stop_idle_workers()
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[PrecompileExecutor]:
+    with PrecompileExecutor(2, timeout=TASK_TIMEOUT_S, classify=classify) as pool:
+        yield pool
+
+
+@pytest.fixture
+def gpu(tmp_path: Path) -> Iterator[DryRunGPU]:
+    """A dry-run sm_90 GPU as Triton's active driver, and an empty caller cache."""
+    stand_in = DryRunGPU()
+    previous = driver.__dict__.get("_active")
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path / "caller-cache")
+        driver.set_active(stand_in)
+        try:
+            yield stand_in
+        finally:
+            driver.set_active(previous)
+            for jit in (double_jit, dot_jit, asm_jit, autotune_kernels.faulty_kernel.fn):
+                jit.device_caches.pop(stand_in.device, None)
+
+
+@pytest.fixture
+def compile_log() -> Iterator[CompileLog]:
+    log = CompileLog()
+    with knobs.compilation.scope():
+        knobs.compilation.listener = log
+        yield log
+
+
+def _double_args(n: int = 4096) -> tuple[Any, ...]:
+    return (FakeTensor(tl.float32), FakeTensor(tl.float32), n)
+
+
+def _completed(executor: PrecompileExecutor) -> int:
+    stats = executor.statistics()
+    return stats.completed + stats.failed
+
+
+GRID = (1,)
+
+
+# -- the seam -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("version", ["3.5.1", "3.7.0", "3.10.0", "4.0.0"])
+def test_other_triton_versions_are_refused_and_nothing_is_patched(
+    version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = dict(vars(Autotuner))
+    with pytest.raises(UnsupportedTritonError, match=rf"found {version}.*Nothing was patched"):
+        pe_autotune.check_triton(version=version)
+    monkeypatch.setattr("precompile_executor.triton._autotune_seam.triton_version", lambda: version)
+    with pytest.raises(UnsupportedTritonError, match="3.6.x and 3.9.x"):
+        with pe_autotune.use():
+            pytest.fail("the block must not run")
+    with pytest.raises(UnsupportedTritonError):
+        pe_autotune.install()
+    assert dict(vars(Autotuner)) == before
+    assert not pe_autotune.installed()
+
+
+@pytest.mark.timeout(30)
+def test_a_changed_autotuner_is_refused_naming_what_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def _bench(self: Any, config: Any) -> None:  # a future Triton's shape
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(Autotuner, "_bench", _bench)
+    before = dict(vars(Autotuner))
+    with pytest.raises(UnsupportedTritonError, match=r"Autotuner\._bench is not a method"):
+        with pe_autotune.use():
+            pytest.fail("the block must not run")
+    assert dict(vars(Autotuner)) == before
+
+
+@pytest.mark.timeout(30)
+def test_the_installed_triton_is_supported() -> None:
+    pe_autotune.check_triton()
+    assert pe_autotune.triton_version().startswith(pe_autotune.SUPPORTED_TRITON_SERIES)
+
+
+@pytest.mark.timeout(30)
+def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() -> None:
+    stock = {name: vars(Autotuner)[name] for name in ("run", "prune_configs", "_bench")}
+
+    def current() -> dict[str, Any]:
+        return {name: vars(Autotuner)[name] for name in stock}
+
+    seen_by_other_thread: list[bool] = []
+
+    def other_thread() -> None:
+        seen_by_other_thread.append(pe_autotune.installed())
+
+    assert not pe_autotune.installed()
+    with pe_autotune.use():
+        assert pe_autotune.installed() and current() != stock
+        with pe_autotune.use(ThreadPoolExecutor(1)):
+            assert pe_autotune.installed()
+        assert current() != stock
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(10)
+    assert current() == stock and not pe_autotune.installed()
+    assert seen_by_other_thread == [False]  # use() is scoped to its own thread
+
+    with pytest.raises(KeyError), pe_autotune.use():
+        raise KeyError("inside")
+    assert current() == stock
+
+    pe_autotune.install()
+    try:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(10)
+        assert seen_by_other_thread == [False, True]
+        pe_autotune.install()  # again: replaces the executor, still one patch
+        with pe_autotune.use():
+            pass
+        assert current() != stock
+    finally:
+        pe_autotune.uninstall()
+    assert current() == stock and not pe_autotune.installed()
+    pe_autotune.uninstall()  # not installed: nothing to do
+
+
+class CountingThreads(ThreadPoolExecutor):
+    """A thread pool that counts the tasks submitted to it (compiles run in this process)."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.submitted = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_the_innermost_use_gets_the_compiles(gpu: DryRunGPU) -> None:
+    outer, inner = CountingThreads(), CountingThreads()
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS[:2], key=["n"], do_bench=bench)(double_jit)
+    try:
+        with pe_autotune.use(outer), pe_autotune.use(inner):
+            kernel[GRID](*_double_args())
+    finally:
+        outer.shutdown()
+        inner.shutdown()
+    assert (outer.submitted, inner.submitted) == (0, 2)
+
+
+# -- a new tuning key ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from_the_cache(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]], executor)
+    pruned_away = DOUBLE_CONFIGS[0]
+    told: list[dict[str, Any]] = []
+
+    def prune(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
+        return [c for c in configs if c is not pruned_away]
+
+    kernel = triton.autotune(
+        configs=DOUBLE_CONFIGS,
+        key=["n"],
+        prune_configs_by={"early_config_prune": prune},
+        do_bench=bench,
+    )(double_jit)
+    before = _completed(executor)
+    with knobs.autotuning.scope():
+        knobs.autotuning.listener = lambda **event: told.append(event)
+        with pe_autotune.use(executor):
+            kernel[GRID](*_double_args())
+
+    pruned = DOUBLE_CONFIGS[1:]
+    assert _completed(executor) - before == len(pruned)  # one compile per pruned config
+    assert compile_log.events == []  # nothing compiled in this process: every launch hit the cache
+    assert sorted(c["BLOCK"] for c in bench.calls) == sorted(c.kwargs["BLOCK"] for c in pruned)
+    # Benchmarking began while other configs were still compiling.
+    assert bench.unfinished[0] > 0
+    assert kernel.best_config is pruned[1]  # BLOCK=256
+    assert gpu.launches[-1]["BLOCK"] == 256  # and the call itself ran with it
+    assert set(kernel.configs_timings) == set(pruned)
+    assert kernel.configs_timings[pruned[1]] == [1.0] * 3
+    assert kernel.bench_time > 0
+    assert len(told) == 1 and told[0]["cache_hit"] is False
+    assert told[0]["best_config"] is pruned[1]
+
+    # The same key again: Triton's own cache answers; nothing is compiled or benchmarked.
+    calls = len(bench.calls)
+    with pe_autotune.use(executor):
+        kernel[GRID](*_double_args())
+    assert _completed(executor) - before == len(pruned)
+    assert len(bench.calls) == calls and compile_log.events == []
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
+@pytest.mark.timeout(180)
+def test_cache_results_a_disk_hit_compiles_nothing(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    configs = DOUBLE_CONFIGS[1:4]
+    first = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=configs, key=["n"], do_bench=first, cache_results=True)(
+        double_jit
+    )
+    with pe_autotune.use(executor):
+        kernel[GRID](*_double_args())
+    assert len(first.calls) == len(configs)
+
+    # A fresh autotuner (a new process, say) with the same configs finds the timings on disk.
+    again = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    fresh = triton.autotune(configs=configs, key=["n"], do_bench=again, cache_results=True)(
+        double_jit
+    )
+    before = _completed(executor)
+    with pe_autotune.use(executor):
+        fresh[GRID](*_double_args())
+    assert _completed(executor) == before and again.calls == []
+    assert str(fresh.best_config) == str(kernel.best_config)
+    assert compile_log.events == []
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def _dot_args() -> tuple[Any, ...]:
+    return (FakeTensor(tl.float16), FakeTensor(tl.float16), FakeTensor(tl.float32), 1024)
+
+
+@pytest.mark.timeout(180)
+def test_a_config_over_sm90s_shared_memory_gets_inf_from_tritons_own_check(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    failures: list[BaseException] = []
+
+    def post_hook(kwargs: dict[str, Any], exception: BaseException | None) -> None:
+        if exception is not None:
+            failures.append(exception)
+
+    bench = Bench(gpu, lambda launched: 1.0)
+    kernel = triton.autotune(
+        configs=[HUGE_DOT, SMALL_DOT], key=["K"], do_bench=bench, post_hook=post_hook
+    )(dot_jit)
+    with pe_autotune.use(executor):
+        kernel[GRID](*_dot_args())
+    assert kernel.configs_timings[HUGE_DOT] == [float("inf")] * 3
+    assert kernel.best_config is SMALL_DOT
+    assert len(failures) == 1 and isinstance(failures[0], OutOfResources)
+    assert compile_log.events == []
+
+
+@pytest.mark.timeout(180)
+def test_when_every_config_fails_the_call_raises_what_triton_raises(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    huge_too = triton.Config({"BM": 32, "BN": 32, "BK": 128}, num_stages=16, num_warps=8)
+    kernel = triton.autotune(
+        configs=[HUGE_DOT, huge_too], key=["K"], do_bench=Bench(gpu, lambda launched: 1.0)
+    )(dot_jit)
+    with pe_autotune.use(executor), pytest.raises(OutOfResources):
+        kernel[GRID](*_dot_args())
+    assert list(kernel.configs_timings.values()) == [[float("inf")] * 3] * 2
+
+
+@pytest.mark.timeout(180)
+def test_ptxas_errors_get_inf_and_other_compile_errors_propagate_as_in_triton(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    good = triton.Config({"ASM": "mov.b32 $0, $1;", "BLOCK": 128})
+    bogus = triton.Config({"ASM": "bogus.op $0, $1;", "BLOCK": 128})  # ptxas rejects it
+    not_a_power_of_2 = triton.Config({"ASM": "mov.b32 $0, $1;", "BLOCK": 96})
+    bench = Bench(gpu, lambda launched: 1.0)
+    args = (FakeTensor(tl.int32), 128)
+    kernel = triton.autotune(configs=[bogus, good], key=["n"], do_bench=bench)(asm_jit)
+    with pe_autotune.use(executor):
+        kernel[GRID](*args)
+    assert kernel.configs_timings[bogus] == [float("inf")] * 3
+    assert kernel.best_config is good
+
+    broken = triton.autotune(configs=[good, not_a_power_of_2], key=["n"], do_bench=bench)(asm_jit)
+    with pe_autotune.use(executor), pytest.raises(CompilationError, match="power of 2"):
+        broken[GRID](*args)
+    assert compile_log.events == []  # neither failure was compiled again here
+
+
+@pytest.mark.timeout(180)
+def test_a_crashing_and_a_hanging_compile_get_inf_and_the_caller_lives(
+    gpu: DryRunGPU, compile_log: CompileLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    configs = autotune_kernels.faulty_configs()
+    bench = Bench(gpu, lambda launched: launched["BLOCK"] / 1000)  # the smallest good one wins
+    kernel = triton.autotune(configs=configs, key=["n"], do_bench=bench)(
+        autotune_kernels.faulty_kernel.fn
+    )
+    with (
+        PrecompileExecutor(2, timeout=HANG_TIMEOUT_S, classify=classify) as pool,
+        caplog.at_level(logging.WARNING, logger="precompile_executor.triton.autotune"),
+        pe_autotune.use(pool),
+    ):
+        kernel[GRID](*_double_args())
+        stats = pool.statistics()
+    by_fault = {c.kwargs["FAULT"]: kernel.configs_timings[c] for c in configs}
+    assert by_fault[1] == [float("inf")] * 3 and by_fault[2] == [float("inf")] * 3
+    assert kernel.best_config is configs[0]
+    assert gpu.launches[-1]["BLOCK"] == 128 and gpu.launches[-1]["FAULT"] == 0
+    assert (stats.crashed, stats.timed_out) == (1, 1)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2, warnings
+    crashed = next(w for w in warnings if "crashed its worker" in w)
+    assert "FAULT: 1" in crashed and "Segmentation fault" in crashed  # faulthandler's report
+    hung = next(w for w in warnings if "timed out" in w)
+    assert "FAULT: 2" in hung
+    assert compile_log.events == []
+
+
+def test_the_public_surface_is_documented() -> None:
+    for name in pe_autotune.__all__:
+        obj = getattr(pe_autotune, name)
+        if callable(obj):
+            assert inspect.getdoc(obj), name
+
+
+# -- on a GPU -----------------------------------------------------------------------------------
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and torch")
+@pytest.mark.timeout(300)
+def test_gpu_a_segfault_and_a_hang_in_one_config_each_leave_a_correct_autotune(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    n = 1 << 20
+    x = torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    kernel = triton.autotune(configs=autotune_kernels.faulty_configs(), key=["n"])(
+        autotune_kernels.faulty_kernel.fn
+    )
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
+    with (
+        knobs.cache.scope(),
+        PrecompileExecutor(4, timeout=HANG_TIMEOUT_S, classify=classify) as pool,
+        caplog.at_level(logging.WARNING, logger="precompile_executor.triton.autotune"),
+        pe_autotune.use(pool),
+    ):
+        knobs.cache.dir = str(tmp_path / "cache")
+        kernel[grid](x, out, n)
+        torch.cuda.synchronize()
+        stats = pool.statistics()
+    torch.testing.assert_close(out, x * 2)
+    assert kernel.best_config.kwargs["FAULT"] == 0
+    timings = {c.kwargs["FAULT"]: t for c, t in kernel.configs_timings.items()}
+    assert timings[1] == [float("inf")] * 3 and timings[2] == [float("inf")] * 3
+    assert (stats.crashed, stats.timed_out) == (1, 1)
+    assert len(caplog.records) == 2
