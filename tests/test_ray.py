@@ -451,6 +451,58 @@ def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
     assert not [f for f in node_files for k in compiled if k.hash in f]
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
+def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_path: Path) -> None:
+    """``warm()`` compiles a kernel's configs on the nodes and installs them here; the
+    ``@triton.autotune`` mode (on a dry-run sm_90 GPU, as in ``test_triton_autotune.py``)
+    compiles each config on a node and benchmarks it from this process's cache."""
+    pytest.importorskip("triton")
+    import test_triton_autotune as at
+    import triton
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    from precompile_executor.examples import kernels as examples
+    from precompile_executor.triton import TensorSpec, classify, launch, warm
+    from precompile_executor.triton import autotune as pe_autotune
+
+    rows, cols = 64, 1000
+    sx, sy = TensorSpec("fp16", (rows, cols)), TensorSpec("fp16", (rows, cols))
+    specs = {examples.softmax_kernel: [launch(sy, sx, sx.stride(0), sy.stride(0), rows, cols)]}
+    n_configs = len(examples.softmax_kernel.configs)
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path / "caller-cache")
+        with RayPrecompileExecutor(timeout=120, classify=classify) as executor:
+            report = warm(specs, target="cuda:90", executor=executor)
+            assert [r.status for r in report.results] == ["ok"] * n_configs
+            again = warm(specs, target="cuda:90", executor=executor)
+            assert {r.status for r in again.results} == {"cached"}  # installed here
+            assert executor.statistics().completed == n_configs
+
+            gpu = at.DryRunGPU()
+            log = at.CompileLog()
+            previous = driver.__dict__.get("_active")
+            bench = at.Bench(gpu, lambda launched: at.DOUBLE_TIMES_MS[launched["BLOCK"]])
+            kernel = triton.autotune(configs=at.DOUBLE_CONFIGS, key=["n"], do_bench=bench)(
+                at.double_jit
+            )
+            driver.set_active(gpu)
+            try:
+                with knobs.compilation.scope():
+                    knobs.compilation.listener = log
+                    with pe_autotune.use(executor):
+                        kernel[at.GRID](*at._double_args())
+            finally:
+                driver.set_active(previous)
+                at.double_jit.device_caches.pop(gpu.device, None)
+            stats = executor.statistics()
+            assert stats.completed == n_configs + len(at.DOUBLE_CONFIGS)  # compiled on nodes
+            assert log.events == []  # nothing compiled here: every launch hit the cache
+            assert kernel.best_config is at.DOUBLE_CONFIGS[2]  # BLOCK=256
+            assert gpu.launches[-1]["BLOCK"] == 256
+
+
 # -- a lost node (last: the cluster gets a new node afterwards) --------------------------------------
 
 
