@@ -173,6 +173,7 @@ class _Task:
     state: Literal["queued", "dispatched", "running"] = "queued"
     node: str = ""
     actor: Any = None
+    ref: Any = None  # the run() call's ObjectRef, held until the task is resolved
 
     def sort_key(self) -> tuple[float, float, int]:
         """Higher priority first, then the longest cost hint, then the oldest."""
@@ -186,7 +187,7 @@ class _Node:
     window: int
     resources: dict[str, float]
     keys: set[str] = dataclasses.field(default_factory=set)
-    polling: bool = False  # a starts() long poll is out
+    polling: Any = None  # the starts() long poll's ObjectRef while one is out
 
 
 _ids = itertools.count(1)
@@ -281,9 +282,9 @@ class _State:
                 next_refresh = time.monotonic() + NODE_POLL_S
             with self.lock:
                 sends = self.plan()
-                polls = [n for n in self.nodes.values() if n.keys and not n.polling]
+                polls = [n for n in self.nodes.values() if n.keys and n.polling is None]
                 for node in polls:
-                    node.polling = True
+                    node.polling = True  # until poll_starts() stores the call's ObjectRef
                 done = (
                     self.closing
                     and not self.in_flight
@@ -345,15 +346,19 @@ class _State:
             if self.take(task):
                 self.finish(task, exc=RuntimeError(f"Ray refused the task: {exc!r}"))
             return
+        task.ref = ref
         answer.add_done_callback(lambda f: self.on_outcome(task, f))
 
     def poll_starts(self, node: _Node) -> None:
         try:
-            answer = node.actor.starts.remote(self.session, STARTS_WAIT_S).future()
+            ref = node.actor.starts.remote(self.session, STARTS_WAIT_S)
+            answer = ref.future()
         except Exception:  # noqa: BLE001 - Ray shut down: the tasks' own answers say the rest
             with self.lock:
-                node.polling = False
+                node.polling = None
             return
+        with self.lock:
+            node.polling = ref
         answer.add_done_callback(lambda f: self.post("starts", node.node_id, node.actor, f))
 
     def kill_on_node(self, task: _Task) -> None:
@@ -441,7 +446,7 @@ class _State:
             node = self.nodes.get(node_id)
             if node is None or node.actor is not actor:
                 return
-            node.polling = False
+            node.polling = None
             if error is None:
                 for key in answer.result() or ():
                     task = self.in_flight.get(key)
