@@ -174,6 +174,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 RAY_NODE_CPUS = 2
 """Ray CPUs per node of the test cluster: each node's window is 2 tasks."""
 
+RAY_START_ATTEMPTS = 2
+"""Starts of the test Ray cluster before its fixture errors (see ``ray_cluster``)."""
+
 RAY_NODE_GPUS = 2
 """GPUs node 0 of the test Ray cluster reports (a logical count: no GPU is used)."""
 
@@ -225,12 +228,31 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     except PermissionError as exc:
         pytest.skip(f"needs root, for a network namespace with only loopback ({exc})")
     _process_roots.append(roots)
+
+    def start() -> Any:
+        # Ray waits 30 s at most for a raylet to register (ray/_private/node.py), which a
+        # heavily loaded machine can miss: then clean up and try once more.
+        for attempt in range(RAY_START_ATTEMPTS):
+            cluster = None
+            try:
+                cluster = Cluster(
+                    initialize_head=True,
+                    head_node_args={**node_args(0), "include_dashboard": False},
+                )
+                cluster.add_node(**node_args(1))
+                return cluster
+            except Exception:
+                if cluster is not None:
+                    with contextlib.suppress(Exception):
+                        cluster.shutdown()
+                _kill_ray_processes()
+                if attempt + 1 == RAY_START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
     cluster = None
     try:
-        cluster = Cluster(
-            initialize_head=True, head_node_args={**node_args(0), "include_dashboard": False}
-        )
-        cluster.add_node(**node_args(1))
+        cluster = start()
         ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
         cluster.wait_for_nodes()
         assert cluster.address.startswith("127.0.0.1:"), cluster.address
@@ -248,9 +270,23 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
         _, alive = psutil.wait_procs(procs, timeout=30)
+        if cluster is None:
+            _kill_ray_processes()  # it never started: what it left is not the finding
+            alive = []
         _process_roots.remove(roots)
         namespace.__exit__(None, None, None)
         assert not alive, f"Ray processes left after shutdown: {alive}"
+
+
+def _kill_ray_processes() -> None:
+    """SIGKILL what a failed Ray start left (its services, raylets, workers)."""
+    import loopback
+
+    procs = loopback.ray_processes()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def assert_on_loopback_only() -> None:

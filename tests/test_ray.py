@@ -310,6 +310,29 @@ def test_ctrl_c_in_the_with_block_kills_what_runs_on_every_node(
         _assert_gone(int(p.read_text()))
 
 
+def _sum_on_the_gpu() -> tuple[str | None, float, str]:
+    import torch
+
+    x = torch.arange(1024, device="cuda", dtype=torch.float32)
+    return worker_device(), float(x.sum().item()), torch.cuda.get_device_name(0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs a CUDA GPU")
+@pytest.mark.timeout(240)
+def test_gpu_run_once_tasks_run_on_the_gpu_nodes_pinned_workers(ray_cluster: Any) -> None:
+    """On a machine with a GPU: the GPU node's pool workers, pinned to GPU 0, run CUDA."""
+    with RayPrecompileExecutor(
+        devices_per_node=[0], resources={"GPU": 1}, max_workers_per_node=2, timeout=180
+    ) as executor:
+        assert len(executor.nodes()) == 1  # node 0, the one that reports GPUs
+        results = [
+            f.result(timeout=200) for f in [executor.submit(_sum_on_the_gpu) for _ in range(4)]
+        ]
+    assert {(device, total) for device, total, _ in results} == {("0", 523776.0)}
+    assert all(name for _, _, name in results)
+
+
 # -- settings ---------------------------------------------------------------------------------------
 
 

@@ -9,6 +9,9 @@ from ._executor import NodeLostError, RayExecutorStatistics, RayPrecompileExecut
 from ._placement import node_actors
 
 __all__ = [
-    "NodeActor", "NodeLostError", "RayExecutorStatistics", "RayPrecompileExecutor",
+    "NodeActor",
+    "NodeLostError",
+    "RayExecutorStatistics",
+    "RayPrecompileExecutor",
     "node_actors",
 ]
