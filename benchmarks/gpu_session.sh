@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
 #     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .v01 made by
 #     `mkdir .v01 && git archive 333c6ad precompile_executor | tar -x -C .v01`: no git history there)
+#   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
+#   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,8 +77,25 @@ case "${1:-tests}" in
   probe)
     timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
-    # HELION_ONLY="skew matmul" picks scenarios, HELION_ROUNDS the interleaved rounds (default 3).
+    # HELION_ONLY="skew matmul" picks scenarios, HELION_MODES="native-fork ours-fork" modes,
+    # HELION_ROUNDS the interleaved rounds (default 3); no run starts past HELION_DEADLINE s.
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
       --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
-      ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+      --deadline "${HELION_DEADLINE:-540}" ${HELION_ONLY:+--only $HELION_ONLY} \
+      ${HELION_MODES:+--modes $HELION_MODES} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+  autotune)
+    # The tests (CPU ones and the injected segfault/hang on the GPU), then the benchmark:
+    # each scenario a fresh process with a cold Triton cache (see benchmarks/triton_autotune_bench.py).
+    if [ "${AUTOTUNE_TESTS:-1}" = 1 ]; then
+      timeout 200 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_triton_autotune.py \
+        > "$OUT/autotune-tests.txt" 2>&1; tail -25 "$OUT/autotune-tests.txt"
+    fi
+    timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
+      --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
+      ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
+  limits)
+    timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
+      2>&1 | tee "$OUT/limits-probe.txt"
+    timeout 400 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_limits.py \
+      tests/test_limits_cpython.py > "$OUT/limits-tests.txt" 2>&1; tail -15 "$OUT/limits-tests.txt" ;;
 esac

@@ -4,8 +4,8 @@ The public surface is re-exported here; implementation lives in private modules.
 package imports neither torch nor triton (``precompile_executor.triton`` does, on demand).
 """
 
+from ._base import kill_running_futures
 from ._batch import completed_future, wait_for_all
-from ._core import TaskResult, TaskTimeline
 from ._costs import Estimate, estimated_cost
 from ._errors import (
     Classification,
@@ -13,6 +13,7 @@ from ._errors import (
     RemoteError,
     ResultSerializationError,
     SerializationError,
+    TaskMemoryError,
     TaskTimeoutError,
     WorkerCrashedError,
     WorkerStartError,
@@ -20,12 +21,11 @@ from ._errors import (
 from ._executor import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_WORKERS_PER_CORE,
-    ExecutorStatistics,
     PrecompileExecutor,
-    kill_running_futures,
     stop_idle_workers,
 )
 from ._process import KILL_GRACE_S
+from ._records import ExecutorStatistics, TaskCounts, TaskResult, TaskTimeline
 from ._worker import worker_device
 
 __version__ = "0.1.0"
@@ -42,8 +42,10 @@ __all__ = [
     "RemoteError",
     "ResultSerializationError",
     "SerializationError",
+    "TaskCounts",
     "TaskResult",
     "TaskTimeline",
+    "TaskMemoryError",
     "TaskTimeoutError",
     "WorkerCrashedError",
     "WorkerStartError",

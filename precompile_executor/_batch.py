@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from typing import Any, TypeVar
 
+from ._base import kill_running_futures
 from ._errors import Classification, RemoteError, TaskTimeoutError
 
 log = logging.getLogger("precompile_executor")
@@ -49,8 +50,6 @@ def _verdict(
 
 
 def _cancel_and_kill(futures: Sequence[Future[Any]]) -> None:
-    from ._executor import kill_running_futures
-
     for future in futures:
         future.cancel()
     kill_running_futures(futures)

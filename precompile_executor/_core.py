@@ -22,103 +22,35 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import os
 import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from concurrent.futures import CancelledError, Future
 from typing import Any, Literal
 
 import cloudpickle
 
 from . import _scheduler
-from ._costs import CostModel
+from ._costs import CostModel, shared_model
 from ._errors import (
+    AFTER_SHUTDOWN,
     Classification,
     RemoteError,
-    ResultSerializationError,
-    TaskTimeoutError,
+    TaskMemoryError,
     WorkerCrashedError,
     WorkerStartError,
     proxy_from_record,
+    unpickle_error,
 )
 from ._hub import Hub
 from ._messages import Done
+from ._records import ExecutorStatistics, TaskResult, TaskTimeline, count_outcome
 from ._state import Action, Fork, Launch, Send, Settle, StopWorker, Task, TaskState, WorkerHandle
 
 log = logging.getLogger("precompile_executor")
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskResult:
-    """What a task returns under ``executor.options(with_output=True)``.
-
-    Attributes:
-        value: the task's return value.
-        output: what it wrote to stdout and stderr (fd level, so C code too).
-        worker_pid: the process that ran it.
-        elapsed_s: seconds from its start on the worker to its result.
-    """
-
-    value: Any
-    output: str
-    worker_pid: int
-    elapsed_s: float
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskTimeline:
-    """When one settled task passed each step, from :meth:`PrecompileExecutor.timeline`.
-
-    Times are ``time.monotonic()`` seconds in the caller's process; a step the task never
-    reached (a task that failed before it started) is ``None``.
-
-    Attributes:
-        task_id: the executor's id of the task (submission order).
-        function: what its cost is recorded under (``module:qualname``, ``triton:<kernel>``).
-        features: what described the call (its history key; ``""``: nothing).
-        path: ``"spawn"`` or ``"fork"``.
-        worker_pid: the process that ran it (0 if none returned it).
-        calls: calls in the task (``map(chunksize=n)`` sends n).
-        predicted_s: its predicted duration when it was queued (0: nothing was known).
-        ok: whether its future got a value (not an exception).
-        queued: submitted to the queue.
-        sent: written to a worker (or forked).
-        started: the worker's ``Started`` arrived; the in-worker clock starts.
-        done: the worker's ``Done`` was handled (its result is in this process).
-        decoded: the result was unpickled (or the error rebuilt).
-        settled: the future was set (its done-callbacks run right after: for a Triton compile,
-            installing the artifacts, see ``CompileJob.installed_at``).
-        future: the task's future (to join with other records) while the caller still holds it,
-            else ``None``: the timeline holds it weakly, so it never keeps a result alive.
-    """
-
-    task_id: int
-    function: str
-    features: str
-    path: str
-    worker_pid: int
-    calls: int
-    predicted_s: float
-    ok: bool
-    queued: float | None
-    sent: float | None
-    started: float | None
-    done: float | None
-    decoded: float | None
-    settled: float | None
-    future_ref: weakref.ref[Future[Any]] = dataclasses.field(repr=False, compare=False)
-
-    @property
-    def future(self) -> Future[Any] | None:
-        return self.future_ref()
-
-    @property
-    def run_s(self) -> float | None:
-        """Seconds in the worker (``started`` to ``done``): what the cost model records."""
-        if self.started is None or self.done is None:
-            return None
-        return self.done - self.started
 
 
 TIMELINE_LIMIT = 10_000
@@ -128,38 +60,66 @@ MAX_REQUEUES = 3
 """A task whose worker died before it started runs elsewhere; after this many such deaths in a
 row it fails (something kills every worker it reaches). A started task is never run again."""
 
-AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+"""Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
+batches, and a restart costs an interpreter plus its imports (docs/design.md, "Process
+lifecycle")."""
+
+DEFAULT_START: Literal["template", "interpreter"] = "template"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one executor was built with, validated by the facade (``PrecompileExecutor``).
+
+    Attributes:
+        max_workers: most tasks in flight at once, both paths together.
+        init_blob: cloudpickled ``(initializer, initargs)``, or ``None``; also the pool key.
+        idle_timeout_s: seconds an idle worker stays; ``None``: until exit.
+        classify: maps a task's exception to its classification.
+        ignore_errors: classify every failure as ``"debug"``.
+        devices: GPUs to pin spawn workers to (``CUDA_VISIBLE_DEVICES``), or ``None``.
+        spare_workers: extra started workers kept idle in the hub's pool.
+        start: ``"template"`` or ``"interpreter"``.
+        cost_history: the JSON file of observed durations, or ``None`` (in memory only).
+        max_tasks_per_child: a spawn worker leaves after this many tasks; ``None``: never.
+    """
+
+    max_workers: int
+    init_blob: bytes | None = None
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    classify: Callable[[BaseException], Classification] | None = None
+    ignore_errors: bool = False
+    devices: tuple[str, ...] | None = None
+    spare_workers: int = 0
+    start: Literal["template", "interpreter"] = DEFAULT_START
+    cost_history: str | os.PathLike[str] | None = None
+    max_tasks_per_child: int | None = None
 
 
 class Core:
     """Scheduling state of one executor (shared by its ``options()`` views)."""
 
-    def __init__(
-        self,
-        hub: Hub,
-        max_workers: int,
-        init_blob: bytes | None,
-        idle_timeout_s: float | None,
-        classify: Callable[[BaseException], Classification] | None,
-        ignore_errors: bool,
-        devices: tuple[str, ...] | None,
-        spare_workers: int,
-        start: Literal["template", "interpreter"] = "template",
-        max_tasks_per_child: int | None = None,
-    ) -> None:
+    def __init__(self, hub: Hub, settings: Settings) -> None:
         self.hub = hub
-        self.start = start
-        self.max_tasks_per_child = max_tasks_per_child
+        self.settings = settings
+        self.start = settings.start
+        self.max_tasks_per_child = settings.max_tasks_per_child
+        self.memory_blocked = False  # the queue's head waits for memory (statistics)
+        self.memory_killed = 0
         self.lock = hub.lock
         self.changed = hub.changed
-        self.max_workers = max_workers
-        self.init_blob = init_blob
-        self.key = init_blob or b""
-        self.idle_timeout_s = idle_timeout_s
-        self.classify = classify
-        self.ignore_errors = ignore_errors
-        self.devices = devices
-        self.spare_workers = spare_workers
+        self.max_workers = settings.max_workers
+        self.init_blob = settings.init_blob
+        self.key = settings.init_blob or b""
+        self.idle_timeout_s = settings.idle_timeout_s
+        self.classify = settings.classify
+        self.ignore_errors = settings.ignore_errors
+        self.devices = settings.devices
+        self.spare_workers = settings.spare_workers
+        # Where this executor's durations are predicted from and recorded in (its views too).
+        path = settings.cost_history
+        self.costs = CostModel() if path is None else shared_model(path)
         self.queues: dict[str, list[tuple[tuple[float, float, int], Task]]] = {
             "spawn": [],
             "fork": [],
@@ -245,6 +205,7 @@ class Core:
         actions: list[Action] = []
         if self.held:
             return actions
+        blocked = False  # the head that would start now waits for memory
         while _scheduler.free_slots(self.max_workers, len(self.in_flight)):
             spawn, fork = self._head("spawn"), self._head("fork")
             if spawn is not None and not self.idle:
@@ -256,6 +217,11 @@ class Core:
             )
             if path is None:
                 break
+            head = spawn if path == "spawn" else fork
+            limit = head.memory_limit if head is not None else None
+            if limit is not None and not self.hub.memory.admits(limit):
+                blocked = True  # nothing passes it: priority order holds
+                break
             _, task = heapq.heappop(self.queues[path])
             if not self.claim(task):
                 task.close()
@@ -263,6 +229,8 @@ class Core:
                 continue
             now = time.monotonic()
             self.in_flight.add(task)
+            if task.memory_limit is not None:
+                self.hub.memory.reserve(task, task.memory_limit)
             if path == "fork":
                 task.state = TaskState.SENT  # the fork itself runs outside the lock
                 task.sent_at = now
@@ -274,6 +242,11 @@ class Core:
                 task.send_to(worker, now)
                 self.spawn_tasks += 1
                 actions.append(Send(worker, task))
+        if blocked != self.memory_blocked:
+            # While blocked, the memory watcher pumps this core every round: memory freed by
+            # another executor or program lets the queue go on (_memory.py).
+            self.memory_blocked = blocked
+            self.hub.memory.wait_for_memory(self, blocked)
         actions += self._start_workers()
         if self.shutdown and not self.queued():
             actions += self._release_idle()
@@ -371,7 +344,8 @@ class Core:
         has predicted (ties keep submission order), not last and not as an average one: an
         unknown task (a first call of a new function, a hang) may be long, and a long task that
         starts late holds the batch for its whole duration, while a short one started early
-        costs nothing (lock held). Measured on the fault batch of benchmarks/s8_starts.py."""
+        costs nothing (lock held). See docs/design.md, "Ordering: the cost model"; the fault
+        batch of ``benchmarks/s8_starts.py`` measures it."""
         if task.predicted_s > 0:
             self.predicted_max = max(self.predicted_max, task.predicted_s)
         else:
@@ -433,6 +407,8 @@ class Core:
     def _close(self, task: Task, outcome: Any) -> list[Action]:
         """The one place a task is resolved: DONE now, its future set by :meth:`settle`."""
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         if not task.close():
             return []
         self.unsettled += 1
@@ -458,6 +434,8 @@ class Core:
 
     def task_lost(self, task: Task) -> list[Action]:
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         task.back_to_queue()
         if task.requeues > MAX_REQUEUES:
             error = WorkerCrashedError(
@@ -529,20 +507,15 @@ class Core:
         try:
             ok, value = self._decode(task, outcome)
         except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
-            ok, value = False, self._error(_unpickle_error(exc, task))
+            ok, value = False, self._error(unpickle_error(exc))
         task.decoded_at = time.monotonic()
         with self.lock:
             # Recorded before the future is set, so whoever waited on it finds its record.
             task.settled_at = time.monotonic()
             self.timeline.append(_timeline(task, ok))
-            if ok:
-                self.completed += 1
-            else:
-                self.failed += 1
-                if isinstance(value, TaskTimeoutError):
-                    self.timed_out += 1
-                elif isinstance(value, WorkerCrashedError):
-                    self.crashed += 1
+            count_outcome(self, None if ok else value)
+            if not ok and isinstance(value, TaskMemoryError):
+                self.memory_killed += 1
         try:
             if ok:
                 task.future.set_result(value)
@@ -594,7 +567,7 @@ class Core:
         try:
             return True, cloudpickle.loads(payload)
         except BaseException as exc:  # noqa: BLE001 - SystemExit too: it fails this task only
-            error = _unpickle_error(exc, task)
+            error = unpickle_error(exc)
             error.worker_pid = pid
             return False, self._error(error)
 
@@ -684,6 +657,138 @@ class Core:
             actions.append(StopWorker(worker, kill=True))
         return actions
 
+    # -- the facade's requests (no lock held; the _base.Backend protocol and more) ------------
+
+    def _stop_taking(self) -> None:
+        """Take no new tasks (lock held); an open ``batch()`` must not keep
+        ``shutdown(wait=True)`` waiting, so the hold goes too."""
+        self.shutdown = True
+        self.held = 0
+
+    def hold(self) -> None:
+        """A ``batch()`` block begins: dispatch nothing until it ends."""
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        """A ``batch()`` block ends: dispatch what waits, best first."""
+        with self.lock:
+            self.held = max(0, self.held - 1)
+            actions = self.pump()
+        self.hub.run(actions)
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; queued ones still run unless ``cancel_futures``."""
+        with self.lock:
+            self._stop_taking()
+            actions = self.cancel_queued(also_requeued=False) if cancel_futures else []
+            actions += self.pump()
+        self.hub.run(actions)
+
+    def join(self) -> None:
+        """Block until nothing of this executor is queued, in flight, unsettled or starting."""
+        with self.lock:
+            while self.busy() or any(w.state == "starting" for w in self.workers):
+                self.changed.wait(0.5)
+            actions = self.pump()
+        self.hub.run(actions)
+
+    def interrupt(self) -> None:
+        """Cancel queued tasks and kill running ones now (Ctrl-C)."""
+        with self.lock:
+            actions = self.cancel_queued(also_requeued=True)
+        self.hub.run(actions)
+        self._kill_until_idle(0.0, "killed because the caller was interrupted")
+
+    def kill(self, futures: AbstractSet[Future[Any]]) -> list[Future[Any]]:
+        """Kill the process groups running any of ``futures``; return the futures killed."""
+        with self.lock:
+            tasks = [t for t in self.in_flight if t.future in futures]
+        self.hub.kill_tasks(tasks, "killed because the batch was interrupted", grace_s=0)
+        return [t.future for t in tasks]
+
+    def stop_workers(self, grace_s: float, reason: str) -> None:
+        """Shut down, cancel every queued task, kill the running ones (SIGTERM, ``grace_s``,
+        SIGKILL), then stop this executor's idle workers and the pooled ones of its kind."""
+        with self.lock:
+            self._stop_taking()
+            actions = self.cancel_queued(also_requeued=True)
+        self.hub.run(actions)
+        self._kill_until_idle(grace_s, reason)
+        with self.lock:
+            actions = self.stop_idle() + self.stop_starting()
+        self.hub.run(actions)
+        for device in self.devices or [None]:
+            self.hub.stop_idle(self.device_key(device))
+
+    def _kill_until_idle(self, grace_s: float, reason: str, timeout_s: float = 30.0) -> None:
+        """Kill what runs until nothing of this executor is in flight (a fork may be
+        mid-``fork()`` on the first round)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                tasks = list(self.in_flight)
+            self.hub.kill_tasks(tasks, reason, grace_s)
+            with self.lock:
+                if not self.in_flight and not self.unsettled:
+                    return
+                if time.monotonic() > end:
+                    log.warning("tasks still in flight %gs after a kill", timeout_s)
+                    return
+                self.changed.wait(0.1)
+
+    def warm_up(self, timeout: float | None) -> list[int]:
+        """Start ``max_workers`` spawn workers; return their pids once all are ready."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            self.check_open()
+            actions = self.warm_up_actions()
+        self.hub.run(actions)
+        with self.lock:
+            while True:
+                if self.broken is not None:
+                    raise self.broken
+                spawn = self._spawn_workers()
+                if spawn and all(w.state in ("idle", "busy") for w in spawn):
+                    return sorted(w.pid for w in spawn)
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"workers were not ready within {timeout}s")
+                self.changed.wait(left)
+
+    def statistics(self) -> ExecutorStatistics:
+        """An immutable snapshot of the counters, the queue and the workers."""
+        with self.lock:
+            queued = [t for q in self.queues.values() for _, t in q]
+            return ExecutorStatistics(
+                queued=sum(1 for t in queued if t.future_running or not t.future.cancelled()),
+                running=len(self.in_flight),
+                completed=self.completed,
+                failed=self.failed,
+                cancelled=self.cancelled
+                + sum(1 for t in queued if not t.future_running and t.future.cancelled()),
+                timed_out=self.timed_out,
+                crashed=self.crashed,
+                workers_alive=sum(1 for w in self.workers if w.state != "dead"),
+                worker_restarts=self.restarts,
+                spawn_tasks=self.spawn_tasks,
+                fork_tasks=self.fork_tasks,
+                start=self.effective_start(),
+                start_note=self.start_note(),
+                memory_killed=self.memory_killed,
+                waiting_for_memory=(
+                    min(len(queued), self.max_workers - len(self.in_flight))
+                    if self.memory_blocked
+                    else 0
+                ),
+                memory_reserved=self.hub.memory.reserved(),
+            )
+
+    def timelines(self) -> tuple[TaskTimeline, ...]:
+        """The settled tasks' timelines, oldest first."""
+        with self.lock:
+            return tuple(self.timeline)
+
 
 def _timeline(task: Task, ok: bool) -> TaskTimeline:
     cost = task.cost
@@ -710,10 +815,3 @@ def _start_error(error: BaseException) -> WorkerStartError:
     failed = WorkerStartError(f"no worker could start to run this task: {error}")
     failed.__cause__ = error
     return failed
-
-
-def _unpickle_error(exc: BaseException, task: Task) -> ResultSerializationError:
-    return ResultSerializationError(
-        f"the task's result could not be unpickled in the parent: {type(exc).__name__}: {exc}. "
-        "Return plain data, or make its class importable in the caller."
-    )

@@ -158,6 +158,48 @@ class TaskTimeoutError(RemoteError, TimeoutError):
         )
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+class TaskMemoryError(RemoteError, MemoryError):
+    """The task's process group held more memory than its ``memory_limit``; the group was killed.
+
+    Only this task fails; its worker is replaced. What is measured: the resident memory of the
+    worker and every process under it, less the pages the worker shared with other processes
+    (its warm template, libraries) when the task started — close to what the group's death gives
+    back (docs/design.md, "Memory limits").
+
+    Attributes:
+        limit_bytes: the limit that applied.
+        peak_bytes: the most the group was seen holding (the sample that passed the limit).
+        worker_pid: the worker that ran the task.
+        captured_output: what the task wrote until it was killed.
+    """
+
+    def __init__(
+        self, limit_bytes: int, peak_bytes: int, worker_pid: int, captured_output: str = ""
+    ) -> None:
+        super().__init__(
+            f"task's process group held {_mib(peak_bytes)}, past its memory_limit of "
+            f"{_mib(limit_bytes)} ({limit_bytes} bytes); worker pid {worker_pid} and its process "
+            "group were killed. Raise the limit with executor.options(memory_limit=...) if the "
+            "task needs more, or find what it allocates (its output is attached)."
+        )
+        self.limit_bytes = limit_bytes
+        self.peak_bytes = peak_bytes
+        self.worker_pid = worker_pid
+        self.captured_output = captured_output
+        self.exc_type = type(self).__name__
+        self.exc_module = type(self).__module__
+
+    def __reduce__(self) -> Any:
+        return (
+            type(self),
+            (self.limit_bytes, self.peak_bytes, self.worker_pid, self.captured_output),
+        )
+
+
 class WorkerCrashedError(RemoteError):
     """The worker running the task died (segfault, abort, ``os._exit``, SIGKILL, OOM killer).
 
@@ -212,6 +254,19 @@ class WorkerStartError(BrokenExecutor):
     queued tasks fail with this error and every later ``submit()`` raises it. Build a new
     executor once the cause is fixed.
     """
+
+
+AFTER_SHUTDOWN = "cannot schedule new futures after shutdown"
+"""``submit()`` on a shut-down executor or view: the stdlib pools' ``RuntimeError`` message."""
+
+
+def unpickle_error(exc: BaseException) -> ResultSerializationError:
+    """The error of a task whose value came back but would not unpickle in the caller (every
+    backend: the value crossed the wire fine, the caller lacks what it needs to rebuild it)."""
+    return ResultSerializationError(
+        f"the task's result could not be unpickled in the parent: {type(exc).__name__}: {exc}. "
+        "Return plain data, or make its class importable in the caller."
+    )
 
 
 class CudaInForkError(RuntimeError):
@@ -353,16 +408,19 @@ def record_from_exception(
 
 
 __all__ = [
+    "AFTER_SHUTDOWN",
     "Classification",
     "CudaInForkError",
     "ErrorRecord",
     "RemoteError",
     "ResultSerializationError",
     "SerializationError",
+    "TaskMemoryError",
     "TaskTimeoutError",
     "WorkerCrashedError",
     "WorkerStartError",
     "proxy_from_record",
     "record_from_exception",
     "signal_name",
+    "unpickle_error",
 ]

@@ -1,9 +1,11 @@
 """``PrecompileExecutor``: a ``concurrent.futures.Executor`` on warm, reusable worker processes.
 
-This module is the public facade: settings and their validation, ``submit``/``map``, the
-``options()`` views, ``batch()``, ``warm_up()``, ``statistics()``, ``timeline()`` and shutting
-down. It also attaches each task's :class:`._costs.CostKey` and predicted cost at submit time.
-Scheduling lives in :mod:`._core` (one per executor), processes in :mod:`._hub` (one per process).
+This module is the local backend of the public layer (:mod:`._base`, which holds ``submit``,
+``map``, the ``options()`` views, ``batch()``, shutting down): its settings and their validation,
+how a task is sent (pickled for the spawn path, or kept in memory for the fork path, with its
+:class:`._costs.CostKey` and predicted cost), ``warm_up()``, ``statistics()``, ``timeline()``,
+``terminate_workers()``. Scheduling lives in :mod:`._core` (one per executor, the layer's
+:class:`._base.Backend`), processes in :mod:`._hub` (one per process).
 
 Data flow::
 
@@ -34,113 +36,58 @@ returns idle workers to it, and the next executor with the same initializer reus
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import os
 import pickle
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any, Literal, TypeVar
 
 import cloudpickle
 
-from ._core import AFTER_SHUTDOWN, Core, TaskTimeline
+from ._base import BaseExecutor, Path, TaskOptions, failed_future, serialization_error
+from ._core import DEFAULT_IDLE_TIMEOUT_S, Core, Settings
 from ._costs import COST_ATTRIBUTE, CostKey, CostModel, Estimate, call_features, features_key
 from ._costs import function_key as _function_key
 from ._costs import shared_model as _shared_model
-from ._errors import Classification, SerializationError
+from ._errors import Classification
 from ._hub import current_hub, get_hub
-from ._state import StopWorker, Task, TaskState
+from ._records import ExecutorStatistics, TaskTimeline
+from ._state import Task
 from ._validate import (
-    check_buffersize,
-    check_chunksize,
-    check_cost,
+    check_count,
     check_flag,
+    check_initializer,
     check_max_tasks_per_child,
-    check_priority,
+    check_memory_limit,
+    check_path,
     check_timeout,
     describe_unpicklable,
-    short_repr,
 )
 from ._worker import Call
 
 log = logging.getLogger("precompile_executor")
 
 T = TypeVar("T")
-E = TypeVar("E")
-Path = Literal["spawn", "fork", "auto"]
-_PATHS = ("spawn", "fork", "auto")
 Start = Literal["template", "interpreter"]
 _STARTS = ("template", "interpreter")
 
 DEFAULT_WORKERS_PER_CORE = 1.0
-"""``max_workers`` by default: this many workers per usable core (at least one). The evidence
-(``benchmarks/s7_ordering.py --contention``, H200 machine, 16 cores, 64 matmul configs,
-2026-12-01, docs/benchmarks-h200.md): 8 workers 5.16 s, 12 workers 3.58 s, 16 workers 2.79 s —
-compiles on every core slow each other by only 2-7 % (Σ in-worker / Σ sequential), far less than
-a core left idle costs, so one worker per core."""
+"""``max_workers`` by default: this many workers per usable core (at least one). Compiles on
+every core slow each other by only a few per cent, far less than a core left idle costs: see
+docs/benchmarks-h200.md, section 7 ("Ordering by predicted cost"), measured by
+``benchmarks/s7_ordering.py --contention``."""
 
-DEFAULT_IDLE_TIMEOUT_S = 600.0
-"""Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
-batches, and a restart costs an interpreter plus its imports (about 1.5 s with torch)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutorStatistics:
-    """An immutable snapshot of one executor's state, from :meth:`PrecompileExecutor.statistics`.
-
-    Attributes:
-        queued: tasks waiting for a worker (their futures are PENDING).
-        running: tasks on a worker now.
-        completed: tasks that returned a value.
-        failed: tasks that raised, timed out or crashed.
-        cancelled: tasks cancelled before they started.
-        timed_out: failed tasks that ran past their timeout.
-        crashed: failed tasks whose worker died.
-        workers_alive: worker processes this executor holds (warm spawn workers and live forks).
-        worker_restarts: workers replaced after a crash or a timeout kill.
-        spawn_tasks: tasks started on the spawn path (warm pool).
-        fork_tasks: tasks started on the fork path.
-        start: how this executor's spawn workers start: ``"template"`` or ``"interpreter"``
-            (``"interpreter"`` also when the template was found unsafe to fork).
-        start_note: why workers asked to start from a template start as interpreters (the
-            template's refusal: e.g. the threads the initializer left running), else ``None``.
-    """
-
-    queued: int
-    running: int
-    completed: int
-    failed: int
-    cancelled: int
-    timed_out: int
-    crashed: int
-    workers_alive: int
-    worker_restarts: int
-    spawn_tasks: int
-    fork_tasks: int
-    start: str = "template"
-    start_note: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    timeout: float | None
-    path: Path
-    priority: float
-    with_output: bool
-    cost: float | None = None
-
-
-def _check_path(value: object) -> Path:
-    if value not in _PATHS:
-        raise ValueError(f"path must be one of 'spawn', 'fork' or 'auto', got {value!r}")
-    return value  # type: ignore[return-value]
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_WORKERS_PER_CORE",
+    "ExecutorStatistics",
+    "PrecompileExecutor",
+    "stop_idle_workers",
+]
 
 
 def _check_devices(devices: object) -> tuple[str, ...] | None:
@@ -168,7 +115,7 @@ def _default_workers() -> int:
     return max(1, round(cores * DEFAULT_WORKERS_PER_CORE))
 
 
-class PrecompileExecutor(Executor):
+class PrecompileExecutor(BaseExecutor[Core]):
     """Runs callables on warm, reusable worker processes; a ``concurrent.futures.Executor``.
 
     Tasks run on the **spawn** path by default: loky-started interpreters that outlive the
@@ -216,6 +163,16 @@ class PrecompileExecutor(Executor):
             after this many tasks and a fresh one replaces it (from the warm template: in
             milliseconds), to bound what a leaking compiler accumulates. ``None``: workers live
             on. Fork-path tasks run in a child each anyway.
+        memory_limit: bytes a task's process group — its worker and every process under it (a
+            compiler it spawned) — may hold; checked every 20 ms while the task runs. Past it
+            the group is killed at once and the task fails alone with
+            :class:`TaskMemoryError` (a ``MemoryError``); its worker is replaced. Measured: the
+            group's resident memory less the pages the worker shared with its warm template and
+            libraries when the task started (about its USS; docs/design.md, "Memory limits").
+            With a limit, tasks also start only while the running ones, counted at their
+            limits, plus the next fit in the machine's available memory, so a batch queues
+            instead of meeting the OOM killer (``statistics().waiting_for_memory``). ``None``:
+            no limit; override per call with :meth:`options`.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -237,29 +194,19 @@ class PrecompileExecutor(Executor):
         start: Start = "template",
         cost_history: str | os.PathLike[str] | None = None,
         max_tasks_per_child: int | None = None,
+        memory_limit: int | None = None,
     ) -> None:
-        if max_workers is None:
-            max_workers = _default_workers()
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int):
-            raise TypeError(f"max_workers must be an int >= 1 or None, got {max_workers!r}")
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-        if initializer is not None and not callable(initializer):
-            raise TypeError(f"initializer must be callable or None, got {initializer!r}")
-        if not isinstance(initargs, tuple):
-            raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
-        if classify is not None and not callable(classify):
-            raise TypeError(f"classify must be callable or None, got {classify!r}")
-        if isinstance(spare_workers, bool) or not isinstance(spare_workers, int):
-            raise TypeError(f"spare_workers must be an int >= 0, got {spare_workers!r}")
-        if spare_workers < 0:
-            raise ValueError(f"spare_workers must be >= 0, got {spare_workers}")
+        workers = check_count(max_workers, "max_workers", 1, optional=True)
+        check_initializer(initializer, initargs, classify)
+        spare_workers = check_count(spare_workers, "spare_workers", 0) or 0
         if start not in _STARTS:
             raise ValueError(f"start must be 'template' or 'interpreter', got {start!r}")
-        if not isinstance(ignore_errors, bool):
-            raise TypeError(f"ignore_errors must be a bool, got {ignore_errors!r}")
-        self._options = _Options(check_timeout(timeout, "timeout"), _check_path(path), 0.0, False)
-        idle = check_timeout(idle_timeout, "idle_timeout")
+        check_flag(ignore_errors, "ignore_errors")
+        options = TaskOptions(
+            check_timeout(timeout, "timeout"),
+            check_path(path),
+            memory_limit=check_memory_limit(memory_limit),
+        )
         init_blob = None
         if initializer is not None:
             try:
@@ -268,83 +215,63 @@ class PrecompileExecutor(Executor):
                 raise TypeError(
                     f"initializer and initargs must be picklable for spawned workers: {exc}"
                 ) from exc
-        self._core = Core(
-            get_hub(),
-            max_workers,
-            init_blob,
-            idle,
-            classify,
-            ignore_errors,
-            _check_devices(devices),
-            spare_workers,
-            start,
-            check_max_tasks_per_child(max_tasks_per_child),
+        settings = Settings(
+            max_workers=workers if workers is not None else _default_workers(),
+            init_blob=init_blob,
+            idle_timeout_s=check_timeout(idle_timeout, "idle_timeout"),
+            classify=classify,
+            ignore_errors=ignore_errors,
+            devices=_check_devices(devices),
+            spare_workers=spare_workers,
+            start=start,
+            cost_history=cost_history,
+            max_tasks_per_child=check_max_tasks_per_child(max_tasks_per_child),
         )
-        self._costs = CostModel() if cost_history is None else _shared_model(cost_history)
-        self._base: PrecompileExecutor | None = None
-        self._tasks: set[Task] = set()  # submitted through this object, future not yet set
-        self._closed = False
-        # Dropped without shutdown(): let its workers go back to the pool once they are idle,
-        # rather than holding them until their idle timeout.
-        weakref.finalize(self, _abandon, self._core).atexit = False
+        super().__init__(Core(get_hub(), settings), options)
 
     @property
     def max_workers(self) -> int:
         """Most tasks running at once, both paths together."""
-        return self._core.max_workers
+        return self._backend.max_workers
 
-    # -- submitting ------------------------------------------------------------------------------
+    # -- sending a task (the layer's _send) ------------------------------------------------------
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Schedule ``fn(*args, **kwargs)``; return a standard ``concurrent.futures.Future``.
+    def _prepare_map(self, fn: Callable[..., Any], opts: TaskOptions) -> bytes | None:
+        """``fn`` pickled once for the whole ``map`` (the tasks carry only their arguments)."""
+        if opts.path == "fork":
+            return None
+        try:
+            blob: bytes = cloudpickle.dumps(fn)
+        except Exception:  # noqa: BLE001 - _send reports it (or forks) per task
+            return None
+        return blob
 
-        Raises:
-            TypeError: ``fn`` is not callable.
-            RuntimeError: the executor (or this view of it) was shut down, or the interpreter
-                is exiting.
-            WorkerStartError: the executor is broken: a worker failed to start (its
-                initializer raised, say). A ``concurrent.futures.BrokenExecutor``.
-        """
-        return self._submit(self._options, [(fn, args, kwargs)], chunked=False)
-
-    def _check_open(self) -> None:
-        """Raise if this object may not take tasks now (hub lock held)."""
-        if self._closed:
-            raise RuntimeError(AFTER_SHUTDOWN)
-        self._core.check_open()
-
-    def _submit(
-        self, opts: _Options, calls: list[Call], *, chunked: bool, fn_blob: bytes | None = None
+    def _send(
+        self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
     ) -> Future[Any]:
-        fn = calls[0][0]
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__} {short_repr(fn)}")
-        core = self._core
+        core = self._backend
         with core.lock:
-            self._check_open()
+            core.check_open()
         future: Future[Any] = Future()
         path: Literal["spawn", "fork"] = "fork" if opts.path == "fork" else "spawn"
         blob = None
         if path == "spawn":
             try:
                 # fn and the arguments travel apart, so map() pickles fn once, not per task.
-                if fn_blob is None:
-                    fn_blob = cloudpickle.dumps(fn)
+                fn_blob = prepared if prepared is not None else cloudpickle.dumps(calls[0][0])
                 blob = pickle.dumps((fn_blob, cloudpickle.dumps([(a, k) for _, a, k in calls])))
             except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
                 if opts.path != "auto":
                     what = describe_unpicklable(*calls[0]) if len(calls) == 1 else "a call"
-                    error = SerializationError(
-                        f"could not serialize {what} for a spawned worker. Run unpicklable work "
-                        "on the fork path: executor.options(path='fork'), or path='auto' to fall "
-                        "back to it automatically."
+                    advice = (
+                        "Run unpicklable work on the fork path: executor.options(path='fork'), "
+                        "or path='auto' to fall back to it automatically."
                     )
-                    error.__cause__ = exc
                     with core.lock:
                         core.failed += 1
-                    future.set_running_or_notify_cancel()
-                    future.set_exception(error)
-                    return future
+                    return failed_future(
+                        serialization_error(what, "for a spawned worker", advice, exc)
+                    )
                 path = "fork"
         cost, costs = self._cost_of(opts, calls)
         task = Task(
@@ -358,21 +285,20 @@ class PrecompileExecutor(Executor):
             timeout=opts.timeout,
             priority=opts.priority,
             want_output=opts.with_output,
-            origin=self._tasks,
             cost=cost,
             costs=costs,
             predicted_s=costs.estimate(cost) * len(calls),
+            memory_limit=opts.memory_limit,
         )
         # A weak reference: the future must not keep its task (and the task its future) alive.
         future.add_done_callback(functools.partial(_on_done, core, weakref.ref(task)))
         with core.lock:
-            self._check_open()
-            self._tasks.add(task)
+            core.check_open()
             actions = core.enqueue_predicted(task)
         core.hub.run(actions)
         return future
 
-    def _cost_of(self, opts: _Options, calls: list[Call]) -> tuple[CostKey, CostModel]:
+    def _cost_of(self, opts: TaskOptions, calls: list[Call]) -> tuple[CostKey, CostModel]:
         """The cost key of a task and the model it is predicted and recorded in."""
         fn, args, kwargs = calls[0]
         estimate: Estimate | None = None
@@ -387,7 +313,7 @@ class PrecompileExecutor(Executor):
         function = _function_key(fn)
         features = call_features(args, kwargs)
         prior = opts.cost
-        costs = self._costs
+        costs = self._backend.costs
         if estimate is not None:
             function = estimate.function or function
             if estimate.features is not None:
@@ -398,71 +324,6 @@ class PrecompileExecutor(Executor):
                 costs = _shared_model(estimate.history)
         return CostKey(function, features, prior), costs
 
-    def map(
-        self,
-        fn: Callable[..., T],
-        *iterables: Iterable[Any],
-        timeout: float | None = None,
-        chunksize: int = 1,
-        buffersize: int | None = None,
-    ) -> Iterator[T]:
-        """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
-
-        The whole input is queued before anything starts, so the tasks start longest predicted
-        first (see :meth:`options`' ``cost`` and ``cost_history``); results still come back
-        in input order. ``timeout`` counts from this call; a task's exception is raised when
-        its position is reached; ``chunksize`` sends that many calls to a worker in one message
-        (each call still gets its own result or exception; the per-task timeout covers the
-        chunk). ``buffersize`` (Python 3.14's, on any Python): submit only that many tasks
-        (chunks) ahead, and one more before each result is waited for, so the input may be
-        endless; the ordering then applies within the first window. Closing the iterator
-        cancels what was submitted ahead, as the stdlib's does.
-        """
-        return self._map(self._options, fn, iterables, timeout, chunksize, buffersize)
-
-    def _map(
-        self,
-        opts: _Options,
-        fn: Callable[..., T],
-        iterables: tuple[Iterable[Any], ...],
-        timeout: float | None,
-        chunksize: int,
-        buffersize: int | None = None,
-    ) -> Iterator[T]:
-        chunksize = check_chunksize(chunksize)
-        buffersize = check_buffersize(buffersize)
-        end = None if timeout is None else time.monotonic() + timeout
-        arg_tuples = zip(*iterables, strict=False)
-        groups: Iterator[list[Call]]
-        if chunksize == 1:
-            groups = ([(fn, a, {})] for a in arg_tuples)
-        else:
-            groups = iter(
-                lambda: [(fn, a, {}) for a in itertools.islice(arg_tuples, chunksize)], []
-            )
-        fn_blob = None
-        if opts.path != "fork" and callable(fn):
-            try:
-                fn_blob = cloudpickle.dumps(fn)
-            except Exception:  # noqa: BLE001 - _submit reports it (or forks) per task
-                fn_blob = None
-        chunked = chunksize > 1
-        # Held like batch(): the first max_workers tasks would otherwise start in input order
-        # before the longer ones behind them are even queued.
-        with self.batch():
-            futures = collections.deque(
-                self._submit(opts, calls, chunked=chunked, fn_blob=fn_blob)
-                for calls in itertools.islice(groups, buffersize)
-            )
-        refill = None
-        if buffersize is not None:
-            refill = submit_ahead(
-                self,
-                groups,
-                lambda ex, calls: ex._submit(opts, calls, chunked=chunked, fn_blob=fn_blob),
-            )
-        return results_in_order(futures, end, chunked=chunked, refill=refill)
-
     def options(
         self,
         *,
@@ -471,60 +332,17 @@ class PrecompileExecutor(Executor):
         priority: float | object = ...,
         with_output: bool | object = ...,
         cost: float | None | object = ...,
+        memory_limit: int | None | object = ...,
     ) -> PrecompileExecutor:
-        """Return a view of this executor with other per-task settings; it shares the pool.
-
-        The view's ``shutdown()`` closes the view only (its own tasks); the executor it came
-        from goes on. Shutting down that executor closes every view of it.
-
-        Args:
-            timeout: per-task timeout in seconds (``None``: none).
-            path: ``"spawn"``, ``"fork"`` or ``"auto"``.
-            priority: higher starts first among queued tasks, whatever their predicted cost;
-                ties start the longest predicted first, then in submission order.
-            with_output: results come back as :class:`TaskResult` with the captured output.
-            cost: a hint: the seconds a call is expected to take (any consistent scale). It is
-                the prior until this executor has observed the same call; then the observed
-                durations (scaled by how far the hints were off) decide. ``None``: no hint.
-        """
-        opts = self._options
-        if timeout is not ...:
-            opts = dataclasses.replace(opts, timeout=check_timeout(timeout, "timeout"))
-        if path is not ...:
-            opts = dataclasses.replace(opts, path=_check_path(path))
-        if priority is not ...:
-            opts = dataclasses.replace(opts, priority=check_priority(priority))
-        if with_output is not ...:
-            opts = dataclasses.replace(opts, with_output=check_flag(with_output, "with_output"))
-        if cost is not ...:
-            opts = dataclasses.replace(opts, cost=check_cost(cost))
-        view = PrecompileExecutor.__new__(PrecompileExecutor)
-        view._core = self._core
-        view._costs = self._costs
-        view._options = opts
-        view._base = self._base or self  # keeps the executor (and its finalizer) alive
-        view._tasks = set()
-        view._closed = False
+        """The shared layer's :meth:`~._base.BaseExecutor.options`, and ``memory_limit``: bytes
+        the task's process group may hold (``None``: no limit); see the constructor."""
+        view = super().options(
+            timeout=timeout, path=path, priority=priority, with_output=with_output, cost=cost
+        )
+        if memory_limit is not ...:
+            limit = check_memory_limit(memory_limit)
+            view._options = dataclasses.replace(view._options, memory_limit=limit)
         return view
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[PrecompileExecutor]:
-        """Queue everything submitted inside the block; start it only when the block exits.
-
-        Without it, the first ``max_workers`` submissions start at once in submission order, so
-        ``options(priority=...)`` can only order the rest. Inside it, priority orders the whole
-        batch: e.g. the largest configs first, so the longest compile does not start last.
-        """
-        core = self._core
-        with core.lock:
-            core.held += 1
-        try:
-            yield self
-        finally:
-            with core.lock:
-                core.held = max(0, core.held - 1)
-                actions = core.pump()
-            core.hub.run(actions)
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -535,45 +353,12 @@ class PrecompileExecutor(Executor):
             WorkerStartError: a worker could not start (its initializer raised, say).
             TimeoutError: not all workers were ready within ``timeout`` seconds.
         """
-        core = self._core
-        end = None if timeout is None else time.monotonic() + timeout
-        with core.lock:
-            self._check_open()
-            actions = core.warm_up_actions()
-        core.hub.run(actions)
-        with core.lock:
-            while True:
-                if core.broken is not None:
-                    raise core.broken
-                spawn = [w for w in core.workers if w.kind == "spawn"]
-                if spawn and all(w.state in ("idle", "busy") for w in spawn):
-                    return sorted(w.pid for w in spawn)
-                left = None if end is None else end - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"workers were not ready within {timeout}s")
-                core.changed.wait(left)
+        self._check_view_open()
+        return self._backend.warm_up(timeout)
 
     def statistics(self) -> ExecutorStatistics:
         """Return an immutable snapshot of this executor's queue, tasks and workers."""
-        core = self._core
-        with core.lock:
-            queued = [t for q in core.queues.values() for _, t in q]
-            return ExecutorStatistics(
-                queued=sum(1 for t in queued if t.future_running or not t.future.cancelled()),
-                running=len(core.in_flight),
-                completed=core.completed,
-                failed=core.failed,
-                cancelled=core.cancelled
-                + sum(1 for t in queued if not t.future_running and t.future.cancelled()),
-                timed_out=core.timed_out,
-                crashed=core.crashed,
-                workers_alive=sum(1 for w in core.workers if w.state != "dead"),
-                worker_restarts=core.restarts,
-                spawn_tasks=core.spawn_tasks,
-                fork_tasks=core.fork_tasks,
-                start=core.effective_start(),
-                start_note=core.start_note(),
-            )
+        return self._backend.statistics()
 
     def timeline(self) -> tuple[TaskTimeline, ...]:
         """Return when each settled task of this executor (and its views) passed each step.
@@ -582,117 +367,16 @@ class PrecompileExecutor(Executor):
         :data:`~precompile_executor._core.TIMELINE_LIMIT`): queued, sent, started, done, decoded,
         settled. ``benchmarks/gantt.py`` draws them.
         """
-        with self._core.lock:
-            return tuple(self._core.timeline)
-
-    # -- shutting down ---------------------------------------------------------------------------
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stop taking tasks; idle workers go back to the process-wide pool, still warm.
-
-        On a view from :meth:`options`, this closes the view only and concerns its own tasks.
-
-        Args:
-            wait: block until every queued and running task has finished (and, for the
-                executor itself, until no worker of it is still starting).
-            cancel_futures: cancel the tasks that have not started.
-        """
-        core = self._core
-        if self._base is not None:
-            self._shutdown_view(wait, cancel_futures)
-            return
-        with core.lock:
-            core.shutdown = True
-            core.held = 0  # a batch() still open must not keep shutdown(wait=True) waiting
-            actions = core.cancel_queued(also_requeued=False) if cancel_futures else []
-            actions += core.pump()
-        core.hub.run(actions)
-        if wait:
-            with core.lock:
-                while core.busy() or any(w.state == "starting" for w in core.workers):
-                    core.changed.wait(0.5)
-                actions = core.pump()
-            core.hub.run(actions)
-
-    def _shutdown_view(self, wait: bool, cancel_futures: bool) -> None:
-        core = self._core
-        with core.lock:
-            self._closed = True
-            if cancel_futures:
-                for task in list(self._tasks):
-                    if task.state is TaskState.QUEUED and not task.future_running:
-                        task.future.cancel()  # the pump drops it, and counts it
-        if wait:
-            with core.lock:
-                while any(not t.future.done() for t in self._tasks):
-                    core.changed.wait(0.5)
-
-    def _kill_running(self, grace_s: float, reason: str) -> None:
-        core = self._core
-        with core.lock:
-            tasks = list(core.in_flight)
-        core.hub.kill_tasks(tasks, reason, grace_s)
+        return self._backend.timelines()
 
     def terminate_workers(self) -> None:
         """Shut down, cancel queued tasks, and stop every worker: running ones get SIGTERM (then
         SIGKILL after a grace), idle ones exit; pooled workers of the same initializer too."""
-        self._stop_all(grace_s=1.0, how="terminate_workers()")
+        self._backend.stop_workers(1.0, "killed by executor.terminate_workers()")
 
     def kill_workers(self) -> None:
         """Like :meth:`terminate_workers`, with SIGKILL for running tasks' process groups."""
-        self._stop_all(grace_s=0.0, how="kill_workers()")
-
-    def _stop_all(self, grace_s: float, how: str) -> None:
-        core = self._core
-        with core.lock:
-            core.shutdown = True
-            core.held = 0
-            actions = core.cancel_queued(also_requeued=True)
-        core.hub.run(actions)
-        self._kill_until_idle(grace_s, f"killed by executor.{how}")
-        with core.lock:
-            actions = core.stop_idle() + core.stop_starting()
-        core.hub.run(actions)
-        for device in core.devices or [None]:
-            stop_idle_workers(core.device_key(device))
-
-    def _kill_until_idle(self, grace_s: float, reason: str, timeout_s: float = 30.0) -> None:
-        """Kill what runs until nothing of this executor is in flight (a fork may be
-        mid-``fork()`` on the first round)."""
-        core = self._core
-        end = time.monotonic() + timeout_s
-        while True:
-            self._kill_running(grace_s, reason)
-            with core.lock:
-                if not core.in_flight and not core.unsettled:
-                    return
-                if time.monotonic() > end:
-                    log.warning("tasks still in flight %gs after a kill", timeout_s)
-                    return
-                core.changed.wait(0.1)
-
-    def interrupt(self) -> None:
-        """Cancel queued tasks and kill running ones now (what Ctrl-C in a batch does)."""
-        core = self._core
-        with core.lock:
-            actions = core.cancel_queued(also_requeued=True)
-        core.hub.run(actions)
-        self._kill_until_idle(0.0, "killed because the caller was interrupted")
-
-    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            self.interrupt()
-        self.shutdown(wait=True)
-        return False
-
-
-def _abandon(core: Core) -> None:
-    """The executor object is gone: shut down without waiting (its finalizer)."""
-    with core.lock:
-        core.shutdown = True
-        core.held = 0
-        actions = core.pump()
-    core.hub.run(actions)
+        self._backend.stop_workers(0.0, "killed by executor.kill_workers()")
 
 
 def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
@@ -706,104 +390,10 @@ def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> No
             core.cancelled_by_user(task)
 
 
-def _result_or_cancel(future: Future[Any], end: float | None) -> Any:
-    try:
-        return future.result() if end is None else future.result(end - time.monotonic())
-    finally:
-        future.cancel()
-        del future
-
-
-def submit_ahead(
-    executor: E, items: Iterator[Any], submit: Callable[[E, Any], Future[Any]]
-) -> Callable[[], Future[Any] | None]:
-    """``map``'s ``buffersize`` refill, for every backend: a callable that submits the next of
-    ``items`` with ``submit(executor, item)``, or returns ``None`` once the items run out or the
-    executor is gone (held weakly: the results iterator must not keep it alive)."""
-    me = weakref.ref(executor)
-
-    def submit_next() -> Future[Any] | None:
-        executor = me()
-        item = next(items, None) if executor is not None else None
-        if executor is None or item is None:
-            return None
-        return submit(executor, item)
-
-    return submit_next
-
-
-def results_in_order(
-    futures: collections.deque[Future[Any]],
-    end: float | None,
-    *,
-    chunked: bool,
-    refill: Callable[[], Future[Any] | None] | None = None,
-) -> Iterator[Any]:
-    # Like the stdlib's: pop each future as it is consumed and never keep a yielded value in a
-    # local across the yield, so the caller alone decides how long a result lives. With
-    # ``refill`` (map's buffersize), one more task is submitted before each wait, as 3.14 does.
-    try:
-        while futures:
-            if refill is not None and (more := refill()) is not None:
-                futures.append(more)
-                del more
-            if not chunked:
-                yield _result_or_cancel(futures.popleft(), end)
-                continue
-            chunk = _result_or_cancel(futures.popleft(), end)
-            chunk.reverse()
-            while chunk:
-                if not chunk[-1][0]:
-                    raise chunk.pop()[1]
-                yield chunk.pop()[1]
-    finally:
-        for future in futures:
-            future.cancel()
-
-
 def stop_idle_workers(key: bytes | None = None) -> int:
     """Stop every idle worker in this process's pool (all initializers); return how many.
 
     Workers held by a live executor are not touched; use ``executor.terminate_workers()``.
     """
     hub = current_hub()
-    if hub is None:
-        return 0
-    with hub.lock:
-        keys = [key] if key is not None else list(hub.pool)
-        victims = [w for k in keys for w in hub.pool.pop(k, []) if w.state == "idle"]
-        # Spares still starting (no executor holds them) would join the pool right after.
-        victims += [
-            w
-            for w in hub.workers
-            if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
-        ]
-        for worker in victims:
-            hub.forget(worker)
-        # A warm template no live worker came from is only memory now: stop it too.
-        in_use = {w.template_key for w in hub.workers if w.kind == "spawn"}
-        templates = [t for k, t in hub.templates.items() if k not in in_use and not t.pending]
-        for template in templates:
-            hub.forget(template)
-    hub.run([StopWorker(w, kill=False) for w in victims + templates])
-    return len(victims)
-
-
-def kill_running_futures(futures: Iterable[Future[Any]]) -> None:
-    """Kill the workers running any of ``futures`` (process group, SIGKILL) and wait for them.
-
-    Used on Ctrl-C and errors in :func:`wait_for_all`: nothing keeps running or printing.
-    """
-    hub = current_hub()
-    if hub is None:
-        return
-    wanted = {id(f) for f in futures}
-    with hub.lock:
-        tasks = [t for core in hub.cores for t in core.in_flight if id(t.future) in wanted]
-    hub.kill_tasks(tasks, "killed because the batch was interrupted", grace_s=0)
-    deadline = time.monotonic() + 10.0
-    for task in tasks:
-        try:
-            task.future.exception(timeout=max(0.0, deadline - time.monotonic()))
-        except Exception:  # noqa: BLE001 - TimeoutError/CancelledError: nothing more to do
-            pass
+    return 0 if hub is None else hub.stop_idle(key)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import cloudpickle
 
@@ -35,6 +35,36 @@ def check_cost(value: object) -> float | None:
     if not value >= 0:
         raise ValueError(f"cost must be >= 0 seconds, got {value!r}")
     return float(value)
+
+
+def check_path(value: object) -> Literal["spawn", "fork", "auto"]:
+    """A task's path: ``"spawn"``, ``"fork"`` or ``"auto"``."""
+    if value not in ("spawn", "fork", "auto"):
+        raise ValueError(f"path must be one of 'spawn', 'fork' or 'auto', got {value!r}")
+    return value
+
+
+def check_count(value: object, name: str, minimum: int, *, optional: bool = False) -> int | None:
+    """An ``int`` setting >= ``minimum`` (``max_workers``, ``spare_workers``); ``None`` passes
+    where ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        more = " or None" if optional else ""
+        raise TypeError(f"{name} must be an int >= {minimum}{more}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_initializer(initializer: object, initargs: object, classify: object) -> None:
+    """The settings every backend takes: ``initializer``, ``initargs``, ``classify``."""
+    if initializer is not None and not callable(initializer):
+        raise TypeError(f"initializer must be callable or None, got {initializer!r}")
+    if not isinstance(initargs, tuple):
+        raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
+    if classify is not None and not callable(classify):
+        raise TypeError(f"classify must be callable or None, got {classify!r}")
 
 
 def check_chunksize(value: object) -> int:

@@ -150,6 +150,98 @@ def test_check_refuses_a_missing_helper(monkeypatch: pytest.MonkeyPatch) -> None
         peh.check_helion()
 
 
+def test_check_refuses_a_changed_provider_and_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The streaming provider's Helion methods are checked too; refused, use() builds no
+    executor and patches nothing (BaseSearch._prepare included)."""
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
+
+    from precompile_executor.helion import _warm
+
+    def benchmark(self, configs, *, desc="Benchmarking"):  # raise_if_no_viable_config gone
+        raise AssertionError
+
+    monkeypatch.setattr(LocalBenchmarkProvider, "benchmark", benchmark)
+    monkeypatch.setattr(_warm, "_default", None)
+    with pytest.raises(peh.UnsupportedHelionError) as info, peh.use():
+        pass
+    assert "LocalBenchmarkProvider.benchmark(" in str(info.value)
+    assert "nothing was patched" in str(info.value)
+    assert _warm._default is None
+    assert _originals() == HELION_ORIGINALS
+
+
+def test_check_refuses_a_search_that_no_longer_reaches_the_provider_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from helion.autotuner.base_search import BaseSearch
+
+    def _prepare(self):  # builds its provider some other way
+        return None
+
+    monkeypatch.setattr(BaseSearch, "_prepare", _prepare)
+    with pytest.raises(
+        peh.UnsupportedHelionError, match=r"BaseSearch\._prepare no longer uses _benchmark_provider"
+    ):
+        peh.check_helion()
+
+
+@pytest.fixture
+def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's default executor as if none was built yet; shut down afterwards."""
+    from precompile_executor.helion import _warm
+
+    monkeypatch.setattr(_warm, "_default", None)
+    monkeypatch.setattr(_warm, "_warming", None)
+    try:
+        yield
+    finally:
+        if _warm._warming is not None:
+            _warm._warming.join(timeout=WAIT_S)
+        if _warm._default is not None:
+            _warm._default.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_use_without_an_executor_builds_one_for_helion_once(
+    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HELION_AUTOTUNE_PRECOMPILE", raising=False)
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "3")
+    from precompile_executor.helion import _warm
+
+    with peh.use() as first:
+        with peh.use() as second:
+            assert second is first and _seam.current_executor() is first
+        assert first.max_workers == 3  # Helion's autotune_precompile_jobs
+        assert not _warm.warming()  # fork mode: nothing to warm
+        # import_helion ran in the template its workers came from
+        assert first.submit(_what_is_warm).result(timeout=WAIT_S)[0] is True
+    try:
+        peh.install()
+        assert _seam.current_executor() is first
+    finally:
+        peh.uninstall()
+
+
+@pytest.mark.timeout(240)
+def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
+    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE", "spawn")
+    monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "2")
+    from precompile_executor.helion import _warm
+
+    with peh.use() as ex:
+        assert _warm.warming()
+        assert _warm._warming is not None
+        _warm._warming.join(timeout=WAIT_S)
+        stats = ex.statistics()
+        assert stats.start == "template"
+        assert len(ex.warm_up(timeout=WAIT_S)) == 2  # already warm: the same two workers
+
+
 def test_use_patches_and_restores_also_on_exception(executor: PrecompileExecutor) -> None:
     assert not peh.installed()
     with pytest.raises(ZeroDivisionError), peh.use(executor) as ex:
@@ -275,6 +367,8 @@ def _inject(bound: Any, config: Any, fault: str) -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         if fault == "hang":
             time.sleep(600)
+        if fault.startswith("sleep:"):  # a slow compile: its duration in seconds
+            time.sleep(float(fault.split(":")[1]))
         return real(*a, **k)
 
     jit.compile = faulty
@@ -416,6 +510,285 @@ def _interrupt_after(seconds: float) -> Any:
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     return timer
+
+
+# -- streaming: each config benchmarked as its precompile lands --------------------------------
+
+
+def _streaming_provider(bound: Any, args: Any, measured: list[tuple[Any, float]], **settings: Any):
+    """Helion's provider with ours streaming on top; only the GPU parts stand in: the baseline
+    run (it launches the kernel) and the timing of one config (records when, returns 1 ms)."""
+    from helion.autotuner.metrics import AutotuneMetrics
+
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    class OnTheCpu(StreamingBenchmarkProvider):  # type: ignore[misc]
+        def _compute_baseline(self) -> Any:
+            return None, [], None
+
+        def _compute_effective_tolerances(self) -> tuple[float, float]:
+            return 1e-2, 1e-2
+
+        def _benchmark_function(self, config: Any, fn: Any, **kw: Any) -> float:
+            self._autotune_metrics.num_configs_tested += 1
+            measured.append((config, time.time()))
+            return 1.0
+
+    s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False, **settings)
+    return OnTheCpu(
+        kernel=bound,
+        settings=s,
+        config_spec=bound.config_spec,
+        args=args,
+        log=AutotuningLogger(s),
+        autotune_metrics=AutotuneMetrics(),
+    )
+
+
+@pytest.mark.timeout(240)
+def test_streaming_benchmarks_in_completion_order_straggler_later_timeout_stays(
+    tmp_path: Path,
+) -> None:
+    """Four configs whose precompiles take 4 s, ~0, 2 s and forever (timeout 8 s): each is
+    benchmarked as soon as its precompile lands — the fast ones while the slow ones still
+    compile, the straggler when it lands — and the hang is a timeout, never benchmarked."""
+    measured: list[tuple[Any, float]] = []
+    with (
+        PrecompileExecutor(4) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _configs(bound, 4)
+        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+        for config, fault in zip(configs, ["sleep:4", "none", "sleep:2", "hang"], strict=True):
+            fn = bound.compile_config(config)
+            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
+            _inject(bound, config, fault)
+        provider = _streaming_provider(
+            bound, args, measured, autotune_compile_timeout=8, autotune_precompile_jobs=4
+        )
+        provider.setup()
+        seen: list[Any] = []
+        real = provider._create_precompile_future
+
+        def keep(config: Any, fn: Any) -> Any:
+            future = real(config, fn)
+            seen.append(future)
+            return future
+
+        provider._create_precompile_future = keep
+        try:
+            results = provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+    order = [c for c, _ in measured]
+    assert order == [configs[1], configs[2], configs[0]]  # completion order
+    futures = {id(f.config): f for f in seen if isinstance(f, HelionFuture)}
+    straggler = futures[id(configs[0])]
+    # the fast config was measured while the straggler was still compiling
+    assert measured[0][1] < straggler.end_time
+    assert [r.status for r in results] == ["ok", "ok", "ok", "timeout"]
+    assert results[3].perf == float("inf")
+    for r, c in zip(results[:3], configs[:3], strict=True):
+        assert r.compile_time == pytest.approx(futures[id(c)].elapsed)
+    assert results[0].compile_time > results[2].compile_time > results[1].compile_time
+
+
+@pytest.mark.timeout(240)
+def test_streaming_a_raise_verdict_aborts_the_batch_and_kills_the_rest(tmp_path: Path) -> None:
+    measured: list[tuple[Any, float]] = []
+    with (
+        PrecompileExecutor(4) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _configs(bound, 3)
+        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+        for config, fault in zip(configs, ["hang", "raise", "hang"], strict=True):
+            fn = bound.compile_config(config)
+            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)
+            _inject(bound, config, fault)
+        provider = _streaming_provider(
+            bound, args, measured, autotune_compile_timeout=120, autotune_precompile_jobs=4
+        )
+        provider.setup()
+        try:
+            with pytest.raises(helion_exc.TritonError, match="injected compiler bug"):
+                provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+    assert measured == []
+    # the two hanging children were killed: the autouse leak check of conftest.py sees to it
+
+
+def test_every_search_gets_the_streaming_provider(executor: PrecompileExecutor) -> None:
+    """PatternSearch and LFBO do not forward benchmark_provider_cls: the seam chooses it."""
+    from helion.autotuner.base_search import BaseSearch
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
+
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    chosen: list[Any] = []
+
+    class Search:  # what BaseSearch.__init__ leaves for _prepare
+        _benchmark_provider_cls = LocalBenchmarkProvider
+
+    class Custom(LocalBenchmarkProvider):  # type: ignore[misc]
+        pass
+
+    def prepare(self: Any) -> None:
+        chosen.append(self._benchmark_provider_cls)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BaseSearch, "_prepare", prepare)
+        with peh.use(executor):
+            BaseSearch._prepare(Search())
+            custom = Search()
+            custom._benchmark_provider_cls = Custom
+            BaseSearch._prepare(custom)
+        BaseSearch._prepare(Search())
+    assert chosen == [StreamingBenchmarkProvider, Custom, LocalBenchmarkProvider]
+
+
+# -- the GPU lease: real processes, no GPU --------------------------------------------------------
+
+_HOLDER = """
+import os, sys, time
+from precompile_executor.helion._lease import GpuLease
+directory, mode, name, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+lease = GpuLease("GPU-test", directory)
+hold = getattr(lease, mode)
+for i in range(rounds):
+    with hold():
+        start = time.monotonic()
+        open(os.path.join(directory, f"{name}.in"), "w").close()
+        gate = os.path.join(directory, f"{name}.go")
+        while rounds == 1 and not os.path.exists(gate) and time.monotonic() - start < 60:
+            time.sleep(0.01)
+        if rounds > 1:
+            time.sleep(0.005)
+        end = time.monotonic()
+    with open(os.path.join(directory, f"{name}.spans"), "a") as f:
+        f.write(f"{start} {end}\\n")
+"""
+
+
+def _holder(directory: Path, mode: str, name: str, rounds: int = 1) -> subprocess.Popen[bytes]:
+    script = directory / "holder.py"
+    if not script.exists():
+        script.write_text(_HOLDER)
+    return subprocess.Popen([sys.executable, str(script), str(directory), mode, name, str(rounds)])
+
+
+def _wait_for(path: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.02)
+
+
+def _wait_blocked(pid: int, timeout_s: float = 60) -> None:
+    """Wait until ``pid`` waits for a file lock (the kernel lists waiters in /proc/locks)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open("/proc/locks") as f:
+            if any("->" in line and str(pid) in line.split() for line in f):
+                return
+        assert time.monotonic() < deadline, f"pid {pid} never waited for the lease"
+        time.sleep(0.02)
+
+
+def _spans(directory: Path, name: str) -> list[tuple[float, float]]:
+    text = (directory / f"{name}.spans").read_text().split()
+    values = [float(v) for v in text]
+    return list(zip(values[::2], values[1::2], strict=True))
+
+
+@pytest.mark.timeout(180)
+def test_gpu_lease_shared_holders_together_exclusive_alone_and_first_in_line(
+    tmp_path: Path,
+) -> None:
+    """Worker runs (shared) hold the lease side by side; a measurement (exclusive) waits for them,
+    and a worker run that asks after the measurement waits behind it (the turnstile)."""
+    first, second = _holder(tmp_path, "shared", "s1"), _holder(tmp_path, "shared", "s2")
+    procs = [first, second]
+    try:
+        _wait_for(tmp_path / "s1.in")
+        _wait_for(tmp_path / "s2.in")  # both inside at once
+        measurement = _holder(tmp_path, "exclusive", "m")
+        procs.append(measurement)
+        _wait_blocked(measurement.pid)  # it asked, and waits for the two shared holders
+        assert not (tmp_path / "m.in").exists()
+        late = _holder(tmp_path, "shared", "s3")  # asks after the measurement did
+        procs.append(late)
+        _wait_blocked(late.pid)  # held at the turnstile
+        assert not (tmp_path / "s3.in").exists()
+        for name in ("s1", "s2"):
+            (tmp_path / f"{name}.go").touch()
+        _wait_for(tmp_path / "m.in")
+        (tmp_path / "m.go").touch()
+        _wait_for(tmp_path / "s3.in")
+        (tmp_path / "s3.go").touch()
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    ((m_start, m_end),) = _spans(tmp_path, "m")
+    ((s3_start, _),) = _spans(tmp_path, "s3")
+    assert max(end for _, end in _spans(tmp_path, "s1") + _spans(tmp_path, "s2")) <= m_start
+    assert m_end <= s3_start
+
+
+@pytest.mark.timeout(180)
+def test_gpu_lease_measurements_never_overlap_worker_runs(tmp_path: Path) -> None:
+    """Three processes take the lease shared and one exclusive, 30 times each: no exclusive
+    span overlaps any other span."""
+    names = ["w1", "w2", "w3"]
+    procs = [_holder(tmp_path, "shared", n, rounds=30) for n in names]
+    procs.append(_holder(tmp_path, "exclusive", "m", rounds=30))
+    try:
+        for p in procs:
+            assert p.wait(timeout=150) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    exclusive = _spans(tmp_path, "m")
+    others = [s for n in names for s in _spans(tmp_path, n)]
+    assert len(exclusive) == 30 and len(others) == 90
+    for start, end in exclusive:
+        assert all(o_end <= start or o_start >= end for o_start, o_end in others)
+
+
+@pytest.mark.timeout(120)
+def test_gpu_lease_is_released_when_its_holder_is_sigkilled(tmp_path: Path) -> None:
+    holder = _holder(tmp_path, "exclusive", "dead")
+    try:
+        _wait_for(tmp_path / "dead.in")
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        after = _holder(tmp_path, "exclusive", "next")
+        _wait_for(tmp_path / "next.in")
+        (tmp_path / "next.go").touch()
+        assert after.wait(timeout=60) == 0
+    finally:
+        for p in (holder,):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+
+def test_gpu_lease_refuses_a_key_that_is_not_a_file_name(tmp_path: Path) -> None:
+    from precompile_executor.helion._lease import GpuLease
+
+    with pytest.raises(ValueError, match="plain file name"):
+        GpuLease("../etc", str(tmp_path))
 
 
 # -- spawn mode on the CPU: stand-in generated modules on warm workers ---------------------------
@@ -604,24 +977,36 @@ _GPU_PRELUDE = """
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", ["fork", "spawn"])
-def test_gpu_autotune_with_ours(mode: str) -> None:
+@pytest.mark.parametrize(("mode", "setup"), [("fork", "ex"), ("spawn", "ex"), ("spawn", "none")])
+def test_gpu_autotune_with_ours(mode: str, setup: str) -> None:
+    """A real autotune, streamed; ``none``: ``use()`` builds and warms the executor itself."""
+    line = "peh.use(ex)" if setup == "ex" else "peh.use()"
     proc = _run_script(
         _GPU_PRELUDE
         + f"""
     if __name__ == "__main__":
+        from precompile_executor.helion._provider import StreamingBenchmarkProvider
+        providers = []
+        real = StreamingBenchmarkProvider.benchmark
+        def counting(self, configs, **kw):
+            providers.append(len(configs))
+            return real(self, configs, **kw)
+        StreamingBenchmarkProvider.benchmark = counting
         random.seed(0)
         x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
         add.settings.autotune_precompile = "{mode}"
         add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=8)
-        with PrecompileExecutor(8, initializer=worker_init) as ex, peh.use(ex):
+        with PrecompileExecutor(8, initializer=worker_init) as ex, {line}:
             best = add.autotune((x, y), force=True)
         torch.testing.assert_close(add(x, y), x + y)
+        print("STREAMED", providers)
         print("BEST", best)
-    """
+    """,
+        env={{"HELION_AUTOTUNE_PRECOMPILE": mode}},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "BEST" in proc.stdout
+    assert "STREAMED [8" in proc.stdout, proc.stdout[-3000:]  # the batch went through ours
 
 
 _FAULT_SCRIPT = """
@@ -717,3 +1102,65 @@ def test_gpu_ctrl_c_during_a_batch_leaves_no_process() -> None:
         proc.wait(timeout=30)
         if proc.stdout is not None:
             proc.stdout.close()  # else its ResourceWarning fails the test (H200, session 4)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpu_sigkill_of_the_autotuning_process_leaves_no_process_and_no_gpu_memory() -> None:
+    import psutil
+
+    script = (
+        _GPU_PRELUDE
+        + """
+    if __name__ == "__main__":
+        x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
+        add.settings.autotune_precompile = "spawn"
+        add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=16)
+        with peh.use(), inject_fault("hang", every=1):
+            print("STARTED", flush=True)
+            add.autotune((x, y), force=True)
+    """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, _script_file(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "HELION_SKIP_CACHE": "1", "HELION_AUTOTUNE_PRECOMPILE": "spawn"},
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "STARTED" in line:
+                break
+        time.sleep(30)  # inside the first batch: every config hangs on the GPU
+        tree = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(tree) > 1, "the batch should be running in workers"
+        os.kill(proc.pid, signal.SIGKILL)  # the autotuning process only, not its group
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(
+            [psutil.Process(p) for p in tree[1:] if psutil.pid_exists(p)], timeout=60
+        )
+        assert not alive, f"left behind: {[p.pid for p in alive]}"
+        deadline = time.monotonic() + 60
+        while True:  # no CUDA context of that tree is left on the GPU
+            apps = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
+            left = sorted(set(tree) & {int(p) for p in apps if p.isdigit()})
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert not left, f"GPU contexts left: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()

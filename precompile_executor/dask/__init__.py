@@ -4,7 +4,8 @@
 ``distributed`` but neither torch nor triton.
 """
 
-from ._executor import DaskExecutorStatistics, DaskPrecompileExecutor, NodeLostError
+from ._dispatch import DaskExecutorStatistics, NodeLostError
+from ._executor import DaskPrecompileExecutor
 from ._plugin import NodePlugin
 
 __all__ = ["DaskExecutorStatistics", "DaskPrecompileExecutor", "NodeLostError", "NodePlugin"]

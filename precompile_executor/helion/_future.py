@@ -49,7 +49,7 @@ from .. import (
 )
 from .. import wait_for_all as _executor_wait_for_all
 from ..gpu import SharedArgs, run_once, share_args
-from . import _seam
+from . import _installed
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
@@ -206,7 +206,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
     ours = [f for f in futures if isinstance(f, HelionFuture) and f.ok is None]
     native = [f for f in futures if not isinstance(f, HelionFuture) and f.ok is None]
     if native:  # not created by us (e.g. installed mid-batch): Helion's own wait handles them
-        _seam.original_wait_for_all()(native, None)
+        _installed.original_wait_for_all()(native, None)
     progress = iter_with_progress(
         range(len(futures)), total=len(futures), description=desc, enabled=desc is not None
     )
@@ -215,7 +215,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
         next(progress, None)
     if ours:
         with _shared_args(ours) as shared:
-            _run(_seam.current_executor(), ours, shared, progress)
+            _run(_installed.current_executor(), ours, shared, progress)
     result = []
     for f in futures:
         assert f.ok is not None
@@ -309,6 +309,8 @@ class Stream:
         self._handed = 0
         self._input_closed = False
         self._closed = False
+        self.waited_s = 0.0
+        """Seconds :meth:`settled` spent waiting for the next task to finish (statistics)."""
 
     def __enter__(self) -> Stream:
         return self
@@ -347,11 +349,14 @@ class Stream:
                 self._submit_more()
                 if self._input_closed and self._handed == len(self._all):
                     return
+            t0 = time.perf_counter()
             try:
                 hf = self._finished.get(timeout=POLL_S)
             except queue.Empty:
                 self._note_starts()
                 continue
+            finally:
+                self.waited_s += time.perf_counter() - t0
             with self._lock:
                 self._handed += 1
             _settle(hf)

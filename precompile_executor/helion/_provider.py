@@ -48,8 +48,9 @@ from helion.autotuner.benchmark_provider import (
     _unset_fn,
 )
 from helion.autotuner.logger import capture_output
+from helion.autotuner.progress_bar import iter_with_progress
 
-from . import _future, _seam, _warm
+from . import _future, _installed, _warm
 from ._lease import GpuLease, lease_for
 
 
@@ -99,7 +100,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         return (
             len(configs) > 1
             and self.settings.autotune_precompile in ("fork", "spawn")
-            and _seam.installed()
+            and _installed.installed()
             and not dist.is_initialized()
         )
 
@@ -120,7 +121,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         results: list[Any] = [None] * len(configs)
         with (
             self._shared() as shared,
-            _future.Stream(_seam.current_executor(), shared) as stream,
+            _future.Stream(_installed.current_executor(), shared) as stream,
         ):
             compiled, failed = self._codegen_and_submit(configs, stream)
             stream.close_input()
@@ -138,9 +139,18 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
                 for i, result in zip(failed, done, strict=True):
                     results[i] = result
                 self._no_viable_config_error = None
-            for i, settled in self._ready_first(compiled, stream):
-                self._prepared_futures[id(configs[i])] = settled
-                (results[i],) = self._one_by_one([configs[i]], desc)
+            bar = iter_with_progress(
+                iter(range(len(compiled) + 1)),
+                total=len(compiled),
+                description=f"{desc} (precompile streamed)",
+                enabled=bool(self.settings.autotune_progress_bar),
+            )
+            with contextlib.closing(bar):
+                next(bar, None)
+                for i, settled in self._ready_first(compiled, stream):
+                    self._prepared_futures[id(configs[i])] = settled
+                    (results[i],) = self._one_by_one([configs[i]], desc)
+                    next(bar, None)
         self._prepared_futures.clear()
         now = time.perf_counter()
         return [

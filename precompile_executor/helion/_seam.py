@@ -20,12 +20,18 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import inspect
-import threading
 import types
 from collections.abc import Iterator
 from typing import Any
 
 from .. import PrecompileExecutor
+from ._installed import Installation as _Installation
+from ._installed import current_executor as current_executor  # re-exported: the seam's API
+from ._installed import installed as installed
+from ._installed import lock as _lock
+from ._installed import original_wait_for_all as original_wait_for_all
+from ._installed import stack as _stack
+from ._installed import uses as uses
 
 SUPPORTED_HELION_VERSIONS = ("1.5.1",)
 """Helion releases whose precompile seam this module was written against and tested with."""
@@ -240,33 +246,6 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
 # -- installing ------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Installation:
-    executor: PrecompileExecutor
-    create: Any  # the staticmethod objects found on the class before we replaced them
-    wait_for_all: Any
-    prepare: Any  # BaseSearch._prepare as found
-
-
-_lock = threading.RLock()
-_stack: list[_Installation] = []
-"""Active installations, innermost last; the patched methods use ``_stack[-1].executor``."""
-
-
-def current_executor() -> PrecompileExecutor:
-    """The executor of the innermost active installation (the patched methods' target)."""
-    with _lock:
-        if not _stack:
-            raise RuntimeError("precompile_executor.helion is not installed")
-        return _stack[-1].executor
-
-
-def uses(executor: PrecompileExecutor) -> bool:
-    """Whether ``executor`` is the one the patched methods use now."""
-    with _lock:
-        return bool(_stack) and _stack[-1].executor is executor
-
-
 def _install(executor: PrecompileExecutor | None) -> _Installation:
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
@@ -388,17 +367,3 @@ def uninstall() -> None:
         if _global is not None:
             _restore(_global)
             _global = None
-
-
-def installed() -> bool:
-    """Whether Helion's precompile runs on an executor now (:func:`use` or :func:`install`)."""
-    with _lock:
-        return bool(_stack)
-
-
-def original_wait_for_all() -> Any:
-    """Helion's own ``PrecompileFuture.wait_for_all`` (the function), while installed."""
-    with _lock:
-        if not _stack:
-            return None
-        return _stack[0].wait_for_all.__func__

@@ -49,8 +49,8 @@ from typing import Any, Literal, TypeVar
 import cloudpickle
 import ray
 
+from .._base import results_in_order, submit_ahead
 from .._cluster_plan import departed, free_slots, has_resources, node_window, pick_node
-from .._core import TaskResult
 from .._errors import (
     Classification,
     RemoteError,
@@ -60,7 +60,8 @@ from .._errors import (
     WorkerCrashedError,
     WorkerStartError,
 )
-from .._executor import _check_devices, results_in_order, submit_ahead
+from .._executor import _check_devices
+from .._records import TaskResult
 from .._validate import (
     check_buffersize,
     check_chunksize,

@@ -1,0 +1,427 @@
+"""The public layer every backend shares: :class:`BaseExecutor` and the :class:`Backend` it drives.
+
+CPython keeps the contract once in ``concurrent/futures/_base.py`` and pebble keeps the pool's
+lifecycle once in ``BasePool``; here :class:`BaseExecutor` holds, for every backend (the local
+``PrecompileExecutor``, ``DaskPrecompileExecutor``, and any next one): ``submit``, ``map`` with
+``chunksize`` and ``buffersize``, the ``options()`` views, ``batch()``, ``shutdown``,
+``interrupt``, the context manager, the "after shutdown" message, the serialization-failure
+message, and the registry behind :func:`kill_running_futures` (what :func:`wait_for_all` kills on
+Ctrl-C).
+
+A backend is two small pieces:
+
+* a :class:`Backend`: the state an executor shares with its views (its queue, its tasks in flight,
+  its counters), with the requests below;
+* a subclass of :class:`BaseExecutor` whose constructor validates its own settings, builds the
+  backend and calls ``BaseExecutor.__init__(self, backend, TaskOptions(...))``, and which
+  implements :meth:`BaseExecutor._send`: send one task (a call, or a chunk of calls) and return
+  its future. Optional: :meth:`BaseExecutor._prepare_map` (work done once per ``map``),
+  :meth:`BaseExecutor._check_path`, and ``CHUNKS = False`` for a backend that sends each call
+  of a ``map`` as its own task whatever ``chunksize`` says.
+
+A subclass keeps no attribute of its own: what it needs is in its backend (shared with its views)
+or in the view's :class:`TaskOptions`, so a view is built by :meth:`BaseExecutor.__init__` alone.
+
+Who owns what: an executor and its views share the backend; a view's outstanding futures are in
+its ``_mine`` set, added under its ``_mine_lock`` and discarded by a done-callback that takes no
+lock (a backend may cancel a future while holding its own lock: ``_mine_lock`` is always taken
+before the backend's lock, never after).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Executor, Future
+from concurrent.futures import wait as futures_wait
+from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
+
+from ._errors import AFTER_SHUTDOWN, SerializationError
+from ._validate import (
+    check_buffersize,
+    check_chunksize,
+    check_cost,
+    check_flag,
+    check_path,
+    check_priority,
+    check_timeout,
+    short_repr,
+)
+
+T = TypeVar("T")
+E = TypeVar("E")
+Path = Literal["spawn", "fork", "auto"]
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""One call of a task: ``(fn, args, kwargs)``."""
+
+KILL_WAIT_S = 10.0
+"""How long :func:`kill_running_futures` waits for the killed tasks' futures to fail: a kill is
+a signal to a process group, the future fails once the group is gone (well under a second)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """The per-task settings of an executor or a view (``options()``), validated.
+
+    Attributes:
+        timeout: seconds from the task's start on a worker, or ``None``.
+        path: ``"spawn"``, ``"fork"`` or ``"auto"`` (a backend may allow fewer).
+        priority: higher starts first among queued tasks.
+        with_output: results come back as ``TaskResult`` with the captured output.
+        cost: a hint, the seconds a call is expected to take, or ``None``.
+        memory_limit: bytes the task's process group may hold, or ``None`` (a backend that
+            enforces it takes it in its own ``options()``; docs/design.md, "Memory limits").
+    """
+
+    timeout: float | None = None
+    path: Path = "spawn"
+    priority: float = 0.0
+    with_output: bool = False
+    cost: float | None = None
+    memory_limit: int | None = None
+
+
+class Backend(Protocol):
+    """What :class:`BaseExecutor` asks of the state an executor shares with its views.
+
+    Every method is called with no lock held and may block only where it says so.
+    """
+
+    def hold(self) -> None:
+        """A ``batch()`` block begins: dispatch nothing until it ends (blocks may nest)."""
+
+    def release(self) -> None:
+        """A ``batch()`` block ends: dispatch what waits, best first."""
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; cancel the unstarted ones if asked. Does not wait."""
+
+    def join(self) -> None:
+        """Block until every task is resolved and nothing of the executor is left running."""
+
+    def interrupt(self) -> None:
+        """Cancel every unstarted task and kill the running ones (what Ctrl-C does)."""
+
+    def kill(self, futures: AbstractSet[Future[Any]]) -> list[Future[Any]]:
+        """Kill the tasks running any of ``futures``; return the futures it killed."""
+
+
+B = TypeVar("B", bound=Backend)
+
+_backends: weakref.WeakSet[Backend] = weakref.WeakSet()
+"""Every live executor's backend in this process, for :func:`kill_running_futures`."""
+_backends_lock = threading.Lock()
+
+
+class BaseExecutor(Executor, Generic[B]):
+    """The ``concurrent.futures.Executor`` layer shared by every backend (see the module
+    docstring for what a backend supplies)."""
+
+    CHUNKS: ClassVar[bool] = True
+    """Whether ``map(chunksize=n)`` sends n calls as one task (``False``: one task per call)."""
+
+    def __init__(self, backend: B, options: TaskOptions, parent: Self | None = None) -> None:
+        """Set up the shared layer; a subclass's constructor calls this once it has built
+        ``backend``, and :meth:`options` calls it (alone) to build a view."""
+        self._backend = backend
+        self._options = options
+        self._parent = parent  # a view keeps its executor (and that one's finalizer) alive
+        self._closed = False  # a view's own shutdown
+        self._mine: set[Future[Any]] = set()  # a view's futures not yet done
+        self._mine_lock = threading.Lock()
+        if parent is None:
+            with _backends_lock:
+                _backends.add(backend)
+            # Dropped without shutdown(): stop taking tasks, let what was submitted run.
+            weakref.finalize(self, backend.begin_shutdown).atexit = False
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)``; return a standard ``concurrent.futures.Future``.
+
+        Raises:
+            TypeError: ``fn`` is not callable.
+            RuntimeError: the executor (or this view of it) was shut down, or the interpreter
+                is exiting.
+            WorkerStartError: the executor is broken: a worker failed to start (its
+                initializer raised, say). A ``concurrent.futures.BrokenExecutor``.
+        """
+        return self._submit(self._options, [(fn, args, kwargs)], chunked=False, prepared=None)
+
+    def _submit(
+        self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
+    ) -> Future[Any]:
+        fn = calls[0][0]
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__} {short_repr(fn)}")
+        if self._parent is None:
+            return self._send(opts, calls, chunked=chunked, prepared=prepared)
+        with self._mine_lock:  # a view: its shutdown() must see every future it accepted
+            if self._closed:
+                raise RuntimeError(AFTER_SHUTDOWN)
+            future = self._send(opts, calls, chunked=chunked, prepared=prepared)
+            self._mine.add(future)
+        future.add_done_callback(self._mine.discard)
+        return future
+
+    def _check_view_open(self) -> None:
+        """Raise if this view was shut down (the backend checks the executor itself)."""
+        if self._closed:
+            raise RuntimeError(AFTER_SHUTDOWN)
+
+    def _send(
+        self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
+    ) -> Future[Any]:
+        """The backend's part: queue one task of ``calls`` (one call unless ``chunked``) with
+        ``opts`` and return its future. Raises ``RuntimeError`` once the executor is shut
+        down; a call that cannot be sent fails its future only (see :func:`failed_future`).
+        ``prepared`` is what :meth:`_prepare_map` returned for this ``map`` (else ``None``)."""
+        raise NotImplementedError
+
+    def _prepare_map(self, fn: Callable[..., Any], opts: TaskOptions) -> Any:
+        """Work done once per ``map`` rather than per task (e.g. pickling ``fn``)."""
+        return None
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[T]:
+        """Like :meth:`concurrent.futures.Executor.map`: results lazily, in input order.
+
+        The whole input is queued before anything starts (as in :meth:`batch`), so the tasks
+        start by priority and predicted cost; results still come back in input order.
+        ``timeout`` counts from this call; a task's exception is raised when its position is
+        reached; ``chunksize`` sends that many calls to a worker in one message (each call still
+        gets its own result or exception; the per-task timeout covers the chunk), where the
+        backend chunks. ``buffersize`` (Python 3.14's, on any Python): submit only that many
+        tasks (chunks) ahead, and one more before each result is waited for, so the input may be
+        endless; the ordering then applies within the first window. Closing the iterator
+        cancels what was submitted ahead, as the stdlib's does.
+        """
+        opts = self._options
+        chunksize = check_chunksize(chunksize)
+        buffersize = check_buffersize(buffersize)
+        end = None if timeout is None else time.monotonic() + timeout
+        arg_tuples = zip(*iterables, strict=False)
+        chunked = chunksize > 1 and self.CHUNKS
+        groups: Iterator[list[Call]]
+        if not chunked:
+            groups = ([(fn, a, {})] for a in arg_tuples)
+        else:
+            groups = iter(
+                lambda: [(fn, a, {}) for a in itertools.islice(arg_tuples, chunksize)], []
+            )
+        prepared = self._prepare_map(fn, opts) if callable(fn) else None
+
+        def submit(executor: BaseExecutor[B], calls: list[Call]) -> Future[Any]:
+            return executor._submit(opts, calls, chunked=chunked, prepared=prepared)
+
+        # Held like batch(): the first tasks would otherwise start in input order before the
+        # longer ones behind them are even queued.
+        with self.batch():
+            futures = collections.deque(
+                submit(self, calls) for calls in itertools.islice(groups, buffersize)
+            )
+        refill = None if buffersize is None else submit_ahead(self, groups, submit)
+        return results_in_order(futures, end, chunked=chunked, refill=refill)
+
+    # -- views and batches -----------------------------------------------------------------------
+
+    def _check_path(self, value: object) -> Path:
+        """Validate ``options(path=...)``; a backend that cannot fork narrows it."""
+        return check_path(value)
+
+    def options(
+        self,
+        *,
+        timeout: float | None | object = ...,
+        path: Path | object = ...,
+        priority: float | object = ...,
+        with_output: bool | object = ...,
+        cost: float | None | object = ...,
+    ) -> Self:
+        """Return a view of this executor with other per-task settings; it shares the pool.
+
+        The view's ``shutdown()`` closes the view only (its own tasks); the executor it came
+        from goes on. Shutting down that executor closes every view of it.
+
+        Args:
+            timeout: per-task timeout in seconds (``None``: none), counted from the task's start.
+            path: ``"spawn"``, ``"fork"`` or ``"auto"`` (where the backend can fork).
+            priority: higher starts first among queued tasks, whatever their predicted cost;
+                ties start the longest predicted first, then in submission order.
+            with_output: results come back as :class:`TaskResult` with the captured output.
+            cost: a hint: the seconds a call is expected to take (any consistent scale). Among
+                equal priorities the longest starts first; a backend that learns durations uses
+                it as the prior until it has observed the same call. ``None``: no hint.
+        """
+        changes: dict[str, Any] = {}
+        if timeout is not ...:
+            changes["timeout"] = check_timeout(timeout, "timeout")
+        if path is not ...:
+            changes["path"] = self._check_path(path)
+        if priority is not ...:
+            changes["priority"] = check_priority(priority)
+        if with_output is not ...:
+            changes["with_output"] = check_flag(with_output, "with_output")
+        if cost is not ...:
+            changes["cost"] = check_cost(cost)
+        view = object.__new__(type(self))
+        BaseExecutor.__init__(
+            view, self._backend, dataclasses.replace(self._options, **changes), self._base()
+        )
+        return view
+
+    def _base(self) -> Self:
+        """The executor this object is, or is a view of."""
+        return self._parent or self
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[Self]:
+        """Queue everything submitted inside the block; start it only when the block exits.
+
+        Without it, the first tasks start at once in submission order, so
+        ``options(priority=...)`` can only order the rest. Inside it, priority orders the whole
+        batch: e.g. the largest configs first, so the longest compile does not start last.
+        """
+        self._backend.hold()
+        try:
+            yield self
+        finally:
+            self._backend.release()
+
+    # -- shutting down ---------------------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking tasks; what is queued still runs unless ``cancel_futures``.
+
+        On a view from :meth:`options`, this closes the view only and concerns its own tasks.
+
+        Args:
+            wait: block until every queued and running task has finished.
+            cancel_futures: cancel the tasks that have not started.
+        """
+        if self._parent is None:
+            self._backend.begin_shutdown(cancel_futures=cancel_futures)
+            if wait:
+                self._backend.join()
+            return
+        with self._mine_lock:
+            self._closed = True
+            mine = list(self._mine)
+        if cancel_futures:
+            for future in mine:
+                future.cancel()  # False for a started one: it runs to its end
+        if wait:
+            futures_wait(mine)
+
+    def interrupt(self) -> None:
+        """Cancel queued tasks and kill running ones now (what Ctrl-C in a batch does)."""
+        self._backend.interrupt()
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.interrupt()
+        self.shutdown(wait=True)
+        return False
+
+
+def failed_future(error: BaseException) -> Future[Any]:
+    """A future already failed with ``error``: a task that could not even be sent."""
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()
+    future.set_exception(error)
+    return future
+
+
+def serialization_error(what: str, where: str, advice: str, cause: BaseException) -> Exception:
+    """The one message for a call that would not pickle: what, to go where, what to do."""
+    error = SerializationError(f"could not serialize {what} {where}. {advice}")
+    error.__cause__ = cause
+    return error
+
+
+def kill_running_futures(futures: Iterable[Future[Any]]) -> None:
+    """Kill the workers running any of ``futures`` (process group, SIGKILL) and wait for them.
+
+    Used on Ctrl-C and errors in :func:`wait_for_all`: nothing keeps running or printing. Works
+    for the futures of every executor of this process, whatever its backend.
+    """
+    wanted = set(futures)
+    with _backends_lock:
+        backends = list(_backends)
+    killed = [f for backend in backends for f in backend.kill(wanted)]
+    deadline = time.monotonic() + KILL_WAIT_S
+    for future in killed:
+        try:
+            future.exception(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - TimeoutError/CancelledError: nothing more to do
+            pass
+
+
+def _result_or_cancel(future: Future[Any], end: float | None) -> Any:
+    try:
+        return future.result() if end is None else future.result(end - time.monotonic())
+    finally:
+        future.cancel()
+        del future
+
+
+def submit_ahead(
+    executor: E, items: Iterator[Any], submit: Callable[[E, Any], Future[Any]]
+) -> Callable[[], Future[Any] | None]:
+    """``map``'s ``buffersize`` refill: a callable that submits the next of ``items`` with
+    ``submit(executor, item)``, or returns ``None`` once the items run out or the executor is
+    gone (held weakly: the results iterator must not keep it alive)."""
+    me = weakref.ref(executor)
+
+    def submit_next() -> Future[Any] | None:
+        executor = me()
+        item = next(items, None) if executor is not None else None
+        if executor is None or item is None:
+            return None
+        return submit(executor, item)
+
+    return submit_next
+
+
+def results_in_order(
+    futures: collections.deque[Future[Any]],
+    end: float | None,
+    *,
+    chunked: bool,
+    refill: Callable[[], Future[Any] | None] | None = None,
+) -> Iterator[Any]:
+    """``map``'s results, in input order."""
+    # Like the stdlib's: pop each future as it is consumed and never keep a yielded value in a
+    # local across the yield, so the caller alone decides how long a result lives. With
+    # ``refill`` (map's buffersize), one more task is submitted before each wait, as 3.14 does.
+    try:
+        while futures:
+            if refill is not None and (more := refill()) is not None:
+                futures.append(more)
+                del more
+            if not chunked:
+                yield _result_or_cancel(futures.popleft(), end)
+                continue
+            chunk = _result_or_cancel(futures.popleft(), end)
+            chunk.reverse()
+            while chunk:
+                if not chunk[-1][0]:
+                    raise chunk.pop()[1]
+                yield chunk.pop()[1]
+    finally:
+        for future in futures:
+            future.cancel()

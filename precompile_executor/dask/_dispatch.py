@@ -1,0 +1,534 @@
+"""The caller side of ``DaskPrecompileExecutor``: its queue, the dispatcher thread, and the
+:class:`State` an executor shares with its views (the public layer's ``Backend``, see
+:mod:`.._base`); tasks run on node-local pools of a dask cluster.
+
+Data flow::
+
+    submit(fn, *args)                               caller's thread
+      │ cloudpickle (fn, args, kwargs) → blob; a failure fails this future only
+      ▼
+    priority heap ── futures PENDING, cancel() works
+      │ dispatcher thread: while a node has a free slot (window = its dask threads, capped by
+      │ max_workers_per_node): Client.submit(run_task, …bytes…, key, workers=[node],
+      │ allow_other_workers=False, pure=False, retries=0) — still PENDING, still cancellable
+      ▼
+    node: run_task ─► NodePlugin.run ─► node-local PrecompileExecutor (timeouts, group kills,
+      │ crash isolation, capture, classification) ─── "started" event on this executor's topic
+      │                                               ─► IO loop thread: future → RUNNING
+      ▼
+    plain outcome (bytes, str, numbers) ─► dask callback thread: result unpickled here, or the
+      RemoteError proxy rebuilt from its record ─► future; the node's slot is free again
+
+Who owns what: the caller's lock guards the heap, ``in_flight`` (key → task), the nodes and the
+counters. A task in flight is resolved by whoever pops it from ``in_flight``: the dask callback
+thread (an outcome), the dispatcher (its node left: :class:`NodeLostError`) or the thread that
+cancelled its future (then the dispatcher kills it on its node). Only the dispatcher thread
+talks to dask in blocking calls (``submit``, ``cancel``, ``run``, ``nthreads``); the client's IO
+loop thread only marks futures running; the dask callback thread only fetches outcomes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import logging
+import pickle
+import threading
+import time
+import uuid
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Literal
+
+import cloudpickle
+
+from .._base import TaskOptions
+from .._errors import (
+    AFTER_SHUTDOWN,
+    RemoteError,
+    WorkerCrashedError,
+    WorkerStartError,
+    unpickle_error,
+)
+from .._records import TaskCounts, TaskResult, count_outcome
+from . import _node
+from ._plan import departed, free_slots, pick_node
+
+log = logging.getLogger("precompile_executor.dask")
+
+NODE_POLL_S = 0.2
+"""How often the dispatcher asks the scheduler which nodes exist: a lost node's tasks fail, and
+a new node gets tasks, at most this much later than the scheduler knows."""
+
+FETCH_POLL_S = 0.5
+"""The callback thread fetches an outcome in steps this long, giving up once the task is
+resolved otherwise (its node died after finishing, before the outcome could be fetched)."""
+
+
+class NodeLostError(WorkerCrashedError):
+    """The dask worker (node) that held the task left the cluster: its process died or was
+    removed. The task may be the cause, so it is not run again; other tasks go on elsewhere.
+
+    Attributes:
+        node: the dask worker's address.
+    """
+
+    def __init__(self, node: str, detail: str = "") -> None:
+        msg = (
+            f"dask worker {node} left the cluster while it held the task; the task is not re-run "
+            "(it may be the cause). The other tasks go on on the remaining nodes; check that "
+            "node's log (an OOM kill, a crashed dask worker)"
+        )
+        super().__init__(0, None, detail=detail)
+        self._message = f"{msg}; {detail}" if detail else msg
+        self.args = (self._message,)
+        self.node = node
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.node, self._detail))
+
+
+@dataclasses.dataclass(frozen=True)
+class DaskExecutorStatistics(TaskCounts):
+    """An immutable snapshot of a :class:`DaskPrecompileExecutor`, from ``statistics()``: the
+    :class:`~precompile_executor.TaskCounts` (``queued``: in the caller's queue; ``running``:
+    started on a node), and
+
+    Attributes:
+        dispatched: tasks sent to a node that has not started them yet (PENDING).
+        nodes: dask workers taking tasks now.
+        slots: tasks all nodes may hold at once (the sum of their windows).
+        nodes_lost: nodes that left while this executor ran.
+    """
+
+    dispatched: int
+    nodes: int
+    slots: int
+    nodes_lost: int
+
+
+@dataclasses.dataclass(eq=False)
+class Task:
+    id: int
+    key: str
+    future: Future[Any]
+    blob: bytes
+    opts: TaskOptions
+    state: Literal["queued", "dispatched", "running"] = "queued"
+    node: str = ""
+    token: str = ""
+    dask_future: Any = None
+
+    def sort_key(self) -> tuple[float, float, int]:
+        """Higher priority first, then the longest cost hint, then the oldest."""
+        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    address: str
+    token: str
+    window: int
+    keys: set[str] = dataclasses.field(default_factory=set)
+
+
+_ids = itertools.count(1)
+
+
+class State:
+    """Everything the executor and its ``options()`` views share; see the module docstring."""
+
+    def __init__(self, client: Any, plugin_name: str, workers: frozenset[str] | None) -> None:
+        self.client = client
+        self.plugin_name = plugin_name
+        self.topic = f"{plugin_name}-started"
+        self.only = workers
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.poked = False
+        self.queue: list[tuple[tuple[float, float, int], Task]] = []
+        self.in_flight: dict[str, Task] = {}
+        self.nodes: dict[str, Node] = {}
+        self.kills: list[Task] = []
+        self.held = 0
+        self.closing = False
+        self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
+        self.completed = self.failed = self.cancelled = 0
+        self.timed_out = self.crashed = self.nodes_lost = 0
+        self.thread = threading.Thread(
+            target=self.run, name="precompile-dask-dispatch", daemon=True
+        )
+
+    def poke(self) -> None:
+        """Wake the dispatcher (lock held)."""
+        self.poked = True
+        self.wake.notify()
+
+    # -- the dispatcher thread -------------------------------------------------------------------
+
+    def run(self) -> None:
+        next_refresh = 0.0
+        while True:
+            with self.wake:
+                if not self.poked:
+                    self.wake.wait(max(0.0, next_refresh - time.monotonic()))
+                self.poked = False
+                kills, self.kills = self.kills, []
+            for task in kills:
+                self.kill_on_node(task, cancel_dask=True)
+            if time.monotonic() >= next_refresh:
+                self.refresh()
+                next_refresh = time.monotonic() + NODE_POLL_S
+            with self.lock:
+                sends = self.plan()
+                done = (
+                    self.closing
+                    and not self.in_flight
+                    and not self.kills
+                    and not any(not t.future.cancelled() for _, t in self.queue)
+                )
+            for task in sends:
+                self.send(task)
+            if done and not sends:
+                break
+        self.close()
+
+    def plan(self) -> list[Task]:
+        """Move queued tasks to nodes with free slots, best priority first (lock held)."""
+        if self.held:
+            return []
+        free = free_slots(
+            {a: n.window for a, n in self.nodes.items()},
+            {a: len(n.keys) for a, n in self.nodes.items()},
+        )
+        sends: list[Task] = []
+        while self.queue:
+            address = pick_node(free)
+            if address is None:
+                break
+            _, task = heapq.heappop(self.queue)
+            if task.future.cancelled():
+                continue
+            node = self.nodes[address]
+            task.state, task.node, task.token = "dispatched", address, node.token
+            node.keys.add(task.key)
+            self.in_flight[task.key] = task
+            free[address] -= 1
+            sends.append(task)
+        return sends
+
+    def send(self, task: Task) -> None:
+        try:
+            fut = self.client.submit(
+                _node.run_task,
+                self.plugin_name,
+                task.token,
+                task.key,
+                task.blob,
+                task.opts.timeout,
+                task.opts.with_output,
+                self.topic,
+                key=task.key,
+                workers=[task.node],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+            )
+        except Exception as exc:  # noqa: BLE001 - a closed client, say: fail this task only
+            if self.take(task):
+                self.finish(task, exc=RuntimeError(f"dask refused the task: {exc!r}"))
+            return
+        with self.lock:
+            task.dask_future = fut
+        fut.add_done_callback(lambda f: self.on_dask_done(task, f))
+
+    def kill_on_node(self, task: Task, *, cancel_dask: bool) -> None:
+        """Stop ``task`` on its node: dask forgets it, the node cancels or kills it."""
+        fut, task.dask_future = task.dask_future, None
+        if cancel_dask and fut is not None:
+            with contextlib.suppress(Exception):
+                fut.cancel()
+        try:
+            self.client.run(
+                _node.kill, self.plugin_name, task.key, workers=[task.node], on_error="ignore"
+            )
+        except Exception:  # noqa: BLE001 - the node is gone: nothing left to kill
+            pass
+
+    def refresh(self) -> None:
+        """Learn which nodes exist; fail the tasks of nodes that left (dispatcher thread)."""
+        try:
+            present: dict[str, int] = self.client.nthreads()
+        except Exception:  # noqa: BLE001 - a closing client: the dask futures say the rest
+            return
+        if self.only is not None:
+            present = {a: n for a, n in present.items() if a in self.only}
+        new = [a for a in present if a not in self.nodes]
+        found: dict[str, Any] = {}
+        if new:
+            try:
+                found = self.client.run(
+                    _node.describe, self.plugin_name, workers=new, on_error="return"
+                )
+            except Exception:  # noqa: BLE001 - asked again at the next refresh
+                found = {}
+        lost: list[tuple[str, Task]] = []
+        with self.lock:
+            for address, info in found.items():
+                if isinstance(info, dict) and address in present:
+                    self.nodes[address] = Node(address, info["token"], int(info["window"]))
+            for address in departed(self.nodes, present):
+                node = self.nodes.pop(address)
+                self.nodes_lost += 1
+                for key in node.keys:
+                    task = self.in_flight.pop(key, None)
+                    if task is not None:
+                        lost.append((address, task))
+            if found or lost:
+                self.poked = True
+        for address, task in lost:
+            log.warning("dask worker %s left; its task %s fails", address, task.key)
+            with contextlib.suppress(Exception):
+                if task.dask_future is not None:
+                    task.dask_future.cancel()
+            self.finish(task, exc=NodeLostError(address))
+
+    def close(self) -> None:
+        """Undo the constructor's registrations (a closed client has nothing left to undo)."""
+        with contextlib.suppress(Exception):
+            self.client.unsubscribe_topic(self.topic)
+        with contextlib.suppress(Exception):
+            self.client.unregister_worker_plugin(self.plugin_name)
+
+    # -- other threads ---------------------------------------------------------------------------
+
+    def take(self, task: Task) -> bool:
+        """Claim ``task`` out of ``in_flight``: True for the one caller that resolves it."""
+        with self.lock:
+            if self.in_flight.get(task.key) is not task:
+                return False
+            del self.in_flight[task.key]
+            node = self.nodes.get(task.node)
+            if node is not None:
+                node.keys.discard(task.key)
+            self.poke()
+            return True
+
+    def on_started(self, event: tuple[float, dict[str, Any]]) -> None:
+        """A node's pool started a task (the client's IO loop thread)."""
+        key = event[1].get("key")
+        with self.lock:
+            task = self.in_flight.get(str(key))
+            if task is None or task.state != "dispatched":
+                return
+            if task.future.cancelled():
+                return  # cancelled meanwhile: its callback (waiting for this lock) kills it
+            task.state = "running"
+            task.future.set_running_or_notify_cancel()
+
+    def on_future_done(self, task: Task, future: Future[Any]) -> None:
+        """The caller's future finished; if it was cancelled, stop the task (any thread)."""
+        if not future.cancelled():
+            return
+        with self.lock:
+            # Only here (on_started skips a cancelled future), at once: wait() and
+            # as_completed() see it without waiting for a node slot.
+            future.set_running_or_notify_cancel()
+            self.cancelled += 1
+            if self.in_flight.get(task.key) is task:
+                del self.in_flight[task.key]
+                node = self.nodes.get(task.node)
+                if node is not None:
+                    node.keys.discard(task.key)
+                self.kills.append(task)
+                self.poke()
+
+    def on_dask_done(self, task: Task, fut: Any) -> None:
+        """The dask task finished (dask's callback thread): fetch the outcome, resolve."""
+        outcome: dict[str, Any] | None = None
+        error: BaseException | None = None
+        try:
+            if fut.status == "finished":
+                while outcome is None:
+                    try:
+                        outcome = fut.result(timeout=FETCH_POLL_S)
+                    except TimeoutError:
+                        with self.lock:
+                            if self.in_flight.get(task.key) is not task:
+                                return
+            elif fut.status == "cancelled":
+                error = NodeLostError(task.node, "dask cancelled the task (was the client closed?)")
+            else:
+                exc = fut.exception()
+                if type(exc).__name__ == "KilledWorker":
+                    error = NodeLostError(task.node, str(exc))
+                else:
+                    error = RuntimeError(f"dask failed the task: {exc!r}")
+        except Exception as exc:  # noqa: BLE001
+            error = RuntimeError(f"could not fetch the task's outcome from dask: {exc!r}")
+        if not self.take(task):
+            return
+        task.dask_future = None
+        if error is not None:
+            self.finish(task, exc=error)
+        else:
+            assert outcome is not None
+            self.finish_outcome(task, outcome)
+
+    # -- resolving a task (no lock held; the caller owns the task) -------------------------------
+
+    def finish_outcome(self, task: Task, outcome: dict[str, Any]) -> None:
+        status = outcome.get("status")
+        if status == "ok":
+            try:
+                value = cloudpickle.loads(outcome["value"])
+            except Exception as exc:  # noqa: BLE001
+                err = unpickle_error(exc)
+                err.worker_pid = int(outcome.get("pid", 0))
+                self.finish(task, exc=err)
+                return
+            if task.opts.with_output:
+                value = TaskResult(
+                    value, outcome["output"], outcome["pid"], float(outcome["elapsed_s"])
+                )
+            self.finish(task, value=value)
+        elif status == "error":
+            try:
+                error = pickle.loads(outcome["error"])
+            except Exception as exc:  # noqa: BLE001 - should not happen: records are plain
+                error = RuntimeError(f"the task failed and its error could not be loaded: {exc}")
+            if isinstance(error, RemoteError):
+                error.classification = outcome.get("classification", "raise")
+            self.finish(task, exc=error)
+        elif outcome.get("reason") == "cancelled":
+            task.future.cancel()  # killed on the node before it started (interrupt())
+        elif outcome.get("reason") == "node-changed":
+            self.finish(task, exc=NodeLostError(task.node, outcome.get("message", "")))
+        else:
+            self.finish(task, exc=WorkerStartError(outcome.get("message", "node unavailable")))
+
+    def finish(self, task: Task, *, exc: BaseException | None = None, value: Any = None) -> None:
+        """The one place that resolves a task's future."""
+        with self.lock:
+            count_outcome(self, exc)
+            if isinstance(exc, WorkerStartError) and self.broken is None:
+                self.broken = exc
+            self.wake.notify_all()
+        future = task.future
+        try:
+            if future.cancelled():
+                return
+            if not future.running() and not future.set_running_or_notify_cancel():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+        except (InvalidStateError, RuntimeError):
+            pass  # cancelled in between: the cancel stands
+
+    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
+
+    def unstarted(self) -> list[Task]:
+        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
+        queued = [t for _, t in self.queue]
+        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held -= 1
+            self.poke()
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; when the last one is done, unregister the nodes' pools."""
+        with self.lock:
+            self.closing = True
+            self.held = 0
+            unstarted = self.unstarted()
+            self.poke()
+        if cancel_futures:
+            for task in unstarted:
+                task.future.cancel()
+
+    def join(self) -> None:
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def interrupt(self) -> None:
+        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
+        with self.lock:
+            unstarted = self.unstarted()
+        for task in unstarted:
+            task.future.cancel()
+        self.kill(None)
+
+    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
+        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
+        (``WorkerCrashedError``, "killed ...") still comes back through dask."""
+        with self.lock:
+            running = [
+                t
+                for t in self.in_flight.values()
+                if t.state == "running" and (futures is None or t.future in futures)
+            ]
+        for task in running:
+            self.kill_on_node(task, cancel_dask=False)
+        return [t.future for t in running]
+
+    def enqueue(self, name: str, blob: bytes, opts: TaskOptions) -> Future[Any]:
+        """Queue a pickled call; return its future (raises once shut down or broken)."""
+        future: Future[Any] = Future()
+        task = Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, opts)
+        with self.lock:
+            if self.broken is not None:
+                raise self.broken
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+        future.add_done_callback(lambda f: self.on_future_done(task, f))
+        with self.lock:
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+            heapq.heappush(self.queue, (task.sort_key(), task))
+            self.poke()
+        return future
+
+    def windows(self) -> dict[str, int]:
+        """The nodes taking tasks now: address → window."""
+        with self.lock:
+            return {a: n.window for a, n in self.nodes.items()}
+
+    def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
+        """Start every node's pool workers now; return their pids per node."""
+        with self.lock:
+            addresses = list(self.nodes)
+        results = self.client.run(
+            _node.warm_up, self.plugin_name, timeout, workers=addresses, on_error="return"
+        )
+        for address, got in results.items():
+            if isinstance(got, BaseException):
+                raise WorkerStartError(f"node {address} could not start its pool: {got}") from got
+        return {a: list(p) for a, p in results.items()}
+
+    def statistics(self) -> DaskExecutorStatistics:
+        """An immutable snapshot of the queue, the tasks in flight and the nodes."""
+        with self.lock:
+            states = [t.state for t in self.in_flight.values()]
+            return DaskExecutorStatistics(
+                queued=sum(1 for _, t in self.queue if not t.future.cancelled()),
+                dispatched=states.count("dispatched"),
+                running=states.count("running"),
+                completed=self.completed,
+                failed=self.failed,
+                cancelled=self.cancelled,
+                timed_out=self.timed_out,
+                crashed=self.crashed,
+                nodes=len(self.nodes),
+                slots=sum(n.window for n in self.nodes.values()),
+                nodes_lost=self.nodes_lost,
+            )
