@@ -225,6 +225,22 @@ def test_interrupt_kills_running_tasks_on_their_nodes(ray_cluster: Any, tmp_path
 
 
 @pytest.mark.timeout(60)
+def test_wait_for_all_on_ctrl_c_kills_tasks_running_on_nodes(ray_cluster: Any) -> None:
+    # wait_for_all kills what still runs through kill_running_futures, which reaches every
+    # backend of the process (docs/design.md, "A backend"): here a task looping on a node.
+    from precompile_executor import kill_running_futures
+
+    with RayPrecompileExecutor(max_workers_per_node=1) as executor:
+        actor_pids = _actor_pids()
+        looping = executor.submit(crashers.python_loop)
+        _wait_until(looping.running)
+        kill_running_futures([looping])
+        assert isinstance(looping.exception(timeout=WAIT_S), WorkerCrashedError)
+        assert executor.submit(abs, -3).result(timeout=WAIT_S) == 3
+    assert _actor_pids() == actor_pids
+
+
+@pytest.mark.timeout(60)
 def test_a_task_that_asks_for_what_no_node_has_waits_and_can_be_cancelled(
     ray_cluster: Any,
 ) -> None:
