@@ -46,11 +46,10 @@ def make(request: pytest.FixtureRequest) -> Iterator[Make]:
         yield PrecompileExecutor
         return
     if request.param == "ray":
+        request.getfixturevalue("ray_cluster")  # skips without ray (or without root)
         from conftest import ray_node_resource
 
         from precompile_executor.ray import RayPrecompileExecutor
-
-        request.getfixturevalue("ray_cluster")
 
         def make_ray(n: int, **kwargs: Any) -> RayPrecompileExecutor:
             # n == 1: one node with one slot; else n // 2 slots on each of the two nodes.
