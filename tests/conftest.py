@@ -174,6 +174,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 RAY_NODE_CPUS = 2
 """Ray CPUs per node of the test cluster: each node's window is 2 tasks."""
 
+RAY_START_ATTEMPTS = 2
+"""Starts of the test Ray cluster before its fixture errors (see ``ray_cluster``)."""
+
+RAY_NODE_GPUS = 2
+"""GPUs node 0 of the test Ray cluster reports (a logical count: no GPU is used)."""
+
 
 def ray_node_resource(index: int) -> str:
     """The custom resource only node ``index`` of the test Ray cluster has (to aim at a node)."""
@@ -188,8 +194,9 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ``tests/loopback.py`` for why); the fixture checks that both nodes report 127.0.0.1 and that
     every socket of every Ray process is on 127.0.0.1 when the cluster is up and again at the
     end, and that every Ray process is gone after shutdown. Each node has its own
-    ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; both find the tests'
-    helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs)``.
+    ``TRITON_CACHE_DIR`` and a custom resource ``ray_node_resource(i)``; node 0 reports
+    ``RAY_NODE_GPUS`` GPUs; both find the tests' helper modules (``PYTHONPATH``). Yields ``(cluster, cache_dirs, node_args)``;
+    ``cluster.add_node(**node_args(1))`` starts a replacement for node 1.
     """
     pytest.importorskip("ray")
     import loopback
@@ -204,6 +211,10 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     def node_args(i: int) -> dict[str, Any]:
         return {
             "num_cpus": RAY_NODE_CPUS,
+            # Node 0 says it has GPUs (Ray counts them as it is told; nothing here asks Ray for
+            # one): devices_per_node="auto" and options(resources={"GPU": 1}) then have a GPU
+            # node to find.
+            "num_gpus": RAY_NODE_GPUS if i == 0 else 0,
             "resources": {ray_node_resource(i): 1},
             "env_vars": {"TRITON_CACHE_DIR": str(cache_dirs[i]), "PYTHONPATH": python_path},
         }
@@ -217,17 +228,36 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     except PermissionError as exc:
         pytest.skip(f"needs root, for a network namespace with only loopback ({exc})")
     _process_roots.append(roots)
+
+    def start() -> Any:
+        # Ray waits 30 s at most for a raylet to register (ray/_private/node.py), which a
+        # heavily loaded machine can miss: then clean up and try once more.
+        for attempt in range(RAY_START_ATTEMPTS):
+            cluster = None
+            try:
+                cluster = Cluster(
+                    initialize_head=True,
+                    head_node_args={**node_args(0), "include_dashboard": False},
+                )
+                cluster.add_node(**node_args(1))
+                return cluster
+            except Exception:
+                if cluster is not None:
+                    with contextlib.suppress(Exception):
+                        cluster.shutdown()
+                _kill_ray_processes()
+                if attempt + 1 == RAY_START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
     cluster = None
     try:
-        cluster = Cluster(
-            initialize_head=True, head_node_args={**node_args(0), "include_dashboard": False}
-        )
-        cluster.add_node(**node_args(1))
+        cluster = start()
         ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
         cluster.wait_for_nodes()
         assert cluster.address.startswith("127.0.0.1:"), cluster.address
         assert_on_loopback_only()
-        yield cluster, cache_dirs
+        yield cluster, cache_dirs, node_args
         assert_on_loopback_only()
     finally:
         pids = roots()
@@ -240,9 +270,23 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
         _, alive = psutil.wait_procs(procs, timeout=30)
+        if cluster is None:
+            _kill_ray_processes()  # it never started: what it left is not the finding
+            alive = []
         _process_roots.remove(roots)
         namespace.__exit__(None, None, None)
         assert not alive, f"Ray processes left after shutdown: {alive}"
+
+
+def _kill_ray_processes() -> None:
+    """SIGKILL what a failed Ray start left (its services, raylets, workers)."""
+    import loopback
+
+    procs = loopback.ray_processes()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def assert_on_loopback_only() -> None:

@@ -1,7 +1,9 @@
 """The concurrent.futures contract, the honest queue, reuse of warm workers, and bad input.
 
-Tests that take ``make`` run against every backend: ``PrecompileExecutor`` on this machine and
-``DaskPrecompileExecutor`` on a 2-node local dask cluster (skipped without ``distributed``).
+Tests that take ``make`` run against every backend: ``PrecompileExecutor`` on this machine,
+``DaskPrecompileExecutor`` on a 2-node local dask cluster (skipped without ``distributed``) and
+``RayPrecompileExecutor`` on a 2-node local Ray cluster in a loopback-only network namespace
+(skipped without ``ray``, or without the root that the namespace needs).
 """
 
 from __future__ import annotations
@@ -33,11 +35,29 @@ pytestmark = pytest.mark.timeout(60)
 Make = Callable[..., Any]
 
 
-@pytest.fixture(params=["local", "dask"])
+@pytest.fixture(
+    # The Ray cluster starts inside the first Ray test's time (5 s on an idle 2-core machine,
+    # most of a minute on a loaded one).
+    params=["local", "dask", pytest.param("ray", marks=pytest.mark.timeout(240))]
+)
 def make(request: pytest.FixtureRequest) -> Iterator[Make]:
     """``make(n)``: an executor of this backend that runs ``n`` tasks at once."""
     if request.param == "local":
         yield PrecompileExecutor
+        return
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")  # skips without ray (or without root)
+        from conftest import ray_node_resource
+
+        from precompile_executor.ray import RayPrecompileExecutor
+
+        def make_ray(n: int, **kwargs: Any) -> RayPrecompileExecutor:
+            # n == 1: one node with one slot; else n // 2 slots on each of the two nodes.
+            if n == 1:
+                kwargs["resources"] = {ray_node_resource(0): 1}
+            return RayPrecompileExecutor(max_workers_per_node=max(1, n // 2), **kwargs)
+
+        yield make_ray
         return
     from precompile_executor.dask import DaskPrecompileExecutor
 

@@ -5,7 +5,8 @@
 """
 
 from ._actor import NodeActor
-from ._executor import NodeLostError, RayExecutorStatistics, RayPrecompileExecutor
+from ._dispatch import NodeLostError, RayExecutorStatistics
+from ._executor import RayPrecompileExecutor
 from ._placement import node_actors
 
 __all__ = [

@@ -74,14 +74,18 @@ class NodeActor:
             if not isinstance(local, Future):
                 return local
             try:
+                done = asyncio.wrap_future(local)
                 pause = 0.0005
+                # Wake at once when it ends, else at growing pauses to see it start.
                 while not local.running() and not local.done():
-                    await asyncio.sleep(pause)
+                    await asyncio.wait([done], timeout=pause)
                     pause = min(pause * 2, START_POLL_MAX_S)
                 if local.running():
                     entry.started.append(key)
                     entry.changed.set()
-                await asyncio.wait([asyncio.wrap_future(local)])
+                await asyncio.wait([done])
+                if not done.cancelled():
+                    done.exception()  # retrieved: outcome_of reads it from the node's future
                 return outcome_of(local, with_output)
             finally:
                 entry.pool.release(key)

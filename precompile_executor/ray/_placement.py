@@ -34,11 +34,14 @@ node's window."""
 _RemoteNodeActor: Any = ray.remote(NodeActor)
 
 _lock = threading.Lock()
-_actors: dict[tuple[str, str], Any] = {}  # (driver worker id, node id) -> actor handle
+_actors: dict[tuple[str, str], Any] = {}  # (driver, node id) -> actor handle
 
 
 def _driver() -> str:
-    return str(ray.get_runtime_context().get_worker_id())
+    """This driver in this Ray session. The cluster's session name is part of it: a new
+    cluster's first job (and its driver's worker id) repeats the previous cluster's."""
+    context = ray.get_runtime_context()
+    return f"{context.get_session_name()}/{context.get_job_id()}"
 
 
 def actor_for(node_id: str) -> Any:

@@ -1,0 +1,676 @@
+"""The caller side of ``RayPrecompileExecutor``: its queue, the dispatcher thread, node
+placement, and the :class:`State` an executor shares with its views (the public layer's
+``Backend``, see :mod:`.._base`); tasks run on node-local pools of a Ray cluster.
+
+Data flow::
+
+    submit(fn, *args)                               caller's thread
+      │ cloudpickle (fn, args, kwargs) → blob; a failure fails this future only
+      ▼
+    priority heap ── futures PENDING, cancel() works
+      │ dispatcher thread: while a node that has the task's resources has a free slot
+      │ (window = its Ray CPUs, capped by max_workers_per_node):
+      │ actor.run.remote(session, key, blob, timeout, with_output) — still PENDING, cancellable
+      ▼
+    node actor (one per node, NodeAffinitySchedulingStrategy) ─► session's NodePool: the
+      │ node-local PrecompileExecutor (timeouts, group kills, crash isolation, capture,
+      │ classification) ─── started keys, answered to the long poll actor.starts.remote()
+      │                                                ─► dispatcher: future → RUNNING
+      ▼
+    plain outcome record (bytes, str, numbers) ─► ObjectRef.future() callback (a Ray thread):
+      the result unpickled here, or the RemoteError proxy rebuilt from its record ─► future;
+      the node's slot is free again
+
+Who owns what: ``State.lock`` guards the heap, ``in_flight`` (key → task), the nodes, the
+dispatcher's inbox and the counters. A task in flight is resolved by whoever pops it from
+``in_flight``: a Ray callback thread (its outcome, or its actor's failure: NodeLostError), the
+dispatcher (its node left the cluster, or its actor failed: NodeLostError) or the thread that
+cancelled its future (then the dispatcher kills it on its node). Only the dispatcher thread
+places actors and sends calls; Ray's callback threads only resolve tasks and post what they
+learnt to the dispatcher's inbox (``warm_up()`` waits on its own calls in the caller's thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import itertools
+import logging
+import pickle
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Literal
+
+import cloudpickle
+import ray
+
+from .._base import TaskOptions
+from .._cluster_plan import departed, free_slots, has_resources, node_window, pick_node
+from .._errors import (
+    AFTER_SHUTDOWN,
+    RemoteError,
+    WorkerCrashedError,
+    WorkerStartError,
+    unpickle_error,
+)
+from .._records import TaskCounts, TaskResult, count_outcome
+from . import _placement
+
+log = logging.getLogger("precompile_executor.ray")
+
+NODE_POLL_S = 0.5
+"""How often the dispatcher asks Ray which nodes are alive: a node that left fails its tasks,
+and a new node gets an actor, at most this much later than Ray knows. ``ray.nodes()`` is one
+call to the cluster's control store."""
+
+STARTS_WAIT_S = 10.0
+"""How long a node's long poll for started tasks waits before it answers empty (then the
+dispatcher asks again): bounds the idle traffic, not the latency of ``running()``."""
+
+PLACE_TIMEOUT_S = 120.0
+"""Longest the constructor waits for the actors on the nodes present at that time (an actor is a
+new Ray worker process: about a second; more on a loaded node). Later nodes join on their own."""
+
+PLACE_RETRY_S = 10.0
+"""A node whose actor could not be placed (say, ``precompile_executor`` is not importable there)
+is tried again this much later, not at every refresh."""
+
+
+class NodeLostError(WorkerCrashedError):
+    """The Ray node (or its node actor) that held the task was lost: the node left the cluster,
+    or the actor's process died. The task may be the cause, so it is not run again; other tasks
+    go on on the remaining nodes.
+
+    Attributes:
+        node: the Ray node id (hex).
+    """
+
+    def __init__(self, node: str, detail: str = "") -> None:
+        msg = (
+            f"Ray node {node} was lost while it held the task; the task is not re-run (it may be "
+            "the cause). The other tasks go on on the remaining nodes; check that node's raylet "
+            "log (an OOM kill, a crashed raylet or actor)"
+        )
+        super().__init__(0, None, detail=detail)
+        self._message = f"{msg}; {detail}" if detail else msg
+        self.args = (self._message,)
+        self.node = node
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.node, self._detail))
+
+
+@dataclasses.dataclass(frozen=True)
+class RayExecutorStatistics(TaskCounts):
+    """An immutable snapshot of a :class:`~._executor.RayPrecompileExecutor`, from
+    ``statistics()``: the :class:`~precompile_executor.TaskCounts` (``queued``: in the caller's
+    queue; ``running``: started on a node; ``crashed`` includes tasks whose node was lost), and
+
+    Attributes:
+        dispatched: tasks sent to a node that has not started them yet (PENDING).
+        nodes: nodes taking tasks now.
+        slots: tasks all nodes may hold at once (the sum of their windows).
+        nodes_lost: nodes (or node actors) lost while this executor ran.
+    """
+
+    dispatched: int
+    nodes: int
+    slots: int
+    nodes_lost: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RayTaskOptions(TaskOptions):
+    """The layer's per-task settings and the Ray backend's own: ``resources``, amounts a node
+    must have to take the task (a filter: nothing is reserved), sorted (hashable)."""
+
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass(eq=False)
+class Task:
+    id: int
+    key: str
+    future: Future[Any]
+    blob: bytes
+    opts: RayTaskOptions
+    state: Literal["queued", "dispatched", "running"] = "queued"
+    node: str = ""
+    actor: Any = None
+    ref: Any = None  # the run() call's ObjectRef, held until the task is resolved
+
+    def sort_key(self) -> tuple[float, float, int]:
+        """Higher priority first, then the longest cost hint, then the oldest."""
+        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    node_id: str
+    actor: Any
+    window: int
+    resources: dict[str, float]
+    keys: set[str] = dataclasses.field(default_factory=set)
+    polling: Any = None  # the starts() long poll's ObjectRef while one is out
+
+
+_ids = itertools.count(1)
+
+
+def check_resources(value: object, name: str = "resources") -> tuple[tuple[str, float], ...]:
+    """``{"GPU": 1}``-style amounts a node must have, as a sorted tuple (hashable)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of resource name -> amount, got {value!r}")
+    items: list[tuple[str, float]] = []
+    for key, amount in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name} names must be strings, got {key!r}")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ValueError(f"{name}[{key!r}] must be a number >= 0, got {amount!r}")
+        items.append((key, float(amount)))
+    return tuple(sorted(items))
+
+
+def check_devices_per_node(value: object) -> tuple[int | str, ...] | Literal["auto"] | None:
+    """``devices_per_node``: ``PrecompileExecutor``'s ``devices`` for every node, or ``"auto"``."""
+    if value == "auto":
+        return "auto"
+    from .._executor import _check_devices  # the local backend's rule, not the layer's
+
+    try:
+        return _check_devices(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(str(exc).replace("devices", "devices_per_node", 1)) from None
+
+
+class State:
+    """Everything the executor and its ``options()`` views share; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: bytes,
+        max_workers_per_node: int | None,
+        devices_per_node: tuple[int | str, ...] | Literal["auto"] | None,
+        resources: tuple[tuple[str, float], ...],
+    ) -> None:
+        self.session = f"precompile-executor-{uuid.uuid4().hex[:12]}"
+        self.settings = settings
+        self.max_workers_per_node = max_workers_per_node
+        self.devices_per_node = devices_per_node
+        self.resources = dict(resources)
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.poked = False
+        self.queue: list[tuple[tuple[float, float, int], Task]] = []
+        self.in_flight: dict[str, Task] = {}
+        self.nodes: dict[str, Node] = {}
+        self.placing: dict[str, Node] = {}  # open() sent, not answered
+        self.retry_at: dict[str, float] = {}  # node id -> when to try placing again
+        self.inbox: list[tuple[str, str, Any, Future[Any]]] = []  # (what, node, actor, answer)
+        self.refreshed = False
+        self.kills: list[Task] = []
+        self.held = 0
+        self.closing = False
+        self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
+        self.completed = self.failed = self.cancelled = 0
+        self.timed_out = self.crashed = self.nodes_lost = 0
+        self.thread = threading.Thread(target=self.run, name="precompile-ray-dispatch", daemon=True)
+
+    def poke(self) -> None:
+        """Wake the dispatcher (lock held)."""
+        self.poked = True
+        self.wake.notify_all()
+
+    def post(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
+        """An answer from a node, for the dispatcher (a Ray callback thread)."""
+        with self.lock:
+            self.inbox.append((what, node_id, actor, answer))
+            self.poke()
+
+    # -- the dispatcher thread -------------------------------------------------------------------
+
+    def run(self) -> None:
+        next_refresh = 0.0
+        while True:
+            with self.wake:
+                if not self.poked:
+                    self.wake.wait(max(0.0, next_refresh - time.monotonic()))
+                self.poked = False
+                kills, self.kills = self.kills, []
+                inbox, self.inbox = self.inbox, []
+            for task in kills:
+                self.kill_on_node(task)
+            for what, node_id, actor, answer in inbox:
+                self.on_answer(what, node_id, actor, answer)
+            if time.monotonic() >= next_refresh:
+                self.refresh()
+                next_refresh = time.monotonic() + NODE_POLL_S
+            with self.lock:
+                sends = self.plan()
+                polls = [n for n in self.nodes.values() if n.keys and n.polling is None]
+                for node in polls:
+                    node.polling = True  # until poll_starts() stores the call's ObjectRef
+                done = (
+                    self.closing
+                    and not self.in_flight
+                    and not self.kills
+                    and not any(not t.future.cancelled() for _, t in self.queue)
+                )
+            for task in sends:
+                self.send(task)
+            for node in polls:
+                self.poll_starts(node)
+            if done and not sends:
+                break
+        self.close()
+
+    def plan(self) -> list[Task]:
+        """Move queued tasks to nodes with free slots, best priority first (lock held).
+
+        A task whose resources no node with a free slot has stays queued, in its place; the
+        tasks behind it may go to other nodes.
+        """
+        if self.held or not self.nodes:
+            return []
+        free = free_slots(
+            {a: n.window for a, n in self.nodes.items()},
+            {a: len(n.keys) for a, n in self.nodes.items()},
+        )
+        sends: list[Task] = []
+        kept: list[tuple[tuple[float, float, int], Task]] = []
+        while self.queue and any(free.values()):
+            entry = heapq.heappop(self.queue)
+            task = entry[1]
+            if task.future.cancelled():
+                continue
+            among = None
+            if task.opts.resources:
+                wanted = dict(task.opts.resources)
+                among = [a for a, n in self.nodes.items() if has_resources(n.resources, wanted)]
+            address = pick_node(free, among)
+            if address is None:
+                kept.append(entry)
+                continue
+            node = self.nodes[address]
+            task.state, task.node, task.actor = "dispatched", address, node.actor
+            node.keys.add(task.key)
+            self.in_flight[task.key] = task
+            free[address] -= 1
+            sends.append(task)
+        for entry in kept:
+            heapq.heappush(self.queue, entry)
+        return sends
+
+    def send(self, task: Task) -> None:
+        try:
+            ref = task.actor.run.remote(
+                self.session, task.key, task.blob, task.opts.timeout, task.opts.with_output
+            )
+            answer = ref.future()
+        except Exception as exc:  # noqa: BLE001 - Ray shut down under us, say: fail this task only
+            if self.take(task):
+                self.finish(task, exc=RuntimeError(f"Ray refused the task: {exc!r}"))
+            return
+        task.ref = ref
+        answer.add_done_callback(lambda f: self.on_outcome(task, f))
+
+    def poll_starts(self, node: Node) -> None:
+        try:
+            ref = node.actor.starts.remote(self.session, STARTS_WAIT_S)
+            answer = ref.future()
+        except Exception:  # noqa: BLE001 - Ray shut down: the tasks' own answers say the rest
+            with self.lock:
+                node.polling = None
+            return
+        with self.lock:
+            node.polling = ref
+        answer.add_done_callback(lambda f: self.post("starts", node.node_id, node.actor, f))
+
+    def kill_on_node(self, task: Task) -> None:
+        """Cancel or kill ``task`` on its node (the answer is not awaited)."""
+        with contextlib.suppress(Exception):  # the actor is gone: nothing left to kill
+            task.actor.kill.remote(self.session, task.key)
+
+    def refresh(self) -> None:
+        """Learn which nodes are alive: place actors on new ones, fail the tasks of lost ones."""
+        try:
+            listing: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+        except Exception:  # noqa: BLE001 - Ray is shutting down: the tasks' answers say the rest
+            return
+        present = {
+            n["NodeID"]: n
+            for n in listing
+            if n.get("Alive") and has_resources(n.get("Resources", {}), self.resources)
+        }
+        now = time.monotonic()
+        with self.lock:
+            new = [
+                node_id
+                for node_id in present
+                if node_id not in self.nodes
+                and node_id not in self.placing
+                and self.retry_at.get(node_id, 0.0) <= now
+                and not self.closing
+            ]
+            gone = departed(self.nodes, present)
+            for node_id in departed(self.placing, present):
+                del self.placing[node_id]  # its open() fails on its own; nothing was sent there
+        for node_id in gone:
+            self.lose(node_id, None, "the node left the cluster")
+        for node_id in new:
+            self.place(node_id, present[node_id].get("Resources", {}))
+        with self.lock:
+            self.refreshed = True
+            self.wake.notify_all()
+
+    def place(self, node_id: str, resources: dict[str, float]) -> None:
+        """Ask the node's actor (placed now if need be) to open this executor's pool there."""
+        window = node_window(resources.get("CPU", 1.0), self.max_workers_per_node)
+        devices: Sequence[int | str] | None
+        if self.devices_per_node == "auto":
+            gpus = int(resources.get("GPU", 0))
+            devices = list(range(gpus)) if gpus else None
+        else:
+            devices = self.devices_per_node
+        node = Node(node_id, None, window, dict(resources))
+        try:
+            node.actor = _placement.actor_for(node_id)
+            answer = node.actor.open.remote(self.session, self.settings, window, devices).future()
+        except Exception as exc:  # noqa: BLE001 - tried again later
+            log.warning("could not place a node actor on Ray node %s: %s", node_id, exc)
+            with self.lock:
+                self.retry_at[node_id] = time.monotonic() + PLACE_RETRY_S
+            return
+        with self.lock:
+            self.placing[node_id] = node
+        answer.add_done_callback(lambda f: self.post("opened", node_id, node.actor, f))
+
+    def on_answer(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
+        """A node's answer to ``open()`` or ``starts()`` (dispatcher thread)."""
+        error = answer.exception()
+        if what == "lost":
+            self.lose(node_id, actor, f"its actor failed: {error!r}")
+            return
+        if what == "opened":
+            with self.lock:
+                node = self.placing.get(node_id)
+                if node is None or node.actor is not actor:
+                    return  # the node left meanwhile
+                del self.placing[node_id]
+                if error is None and not self.closing:
+                    self.nodes[node_id] = node
+                    self.wake.notify_all()
+                    return
+                if error is None:
+                    return
+                self.retry_at[node_id] = time.monotonic() + PLACE_RETRY_S
+            log.warning("the node actor on Ray node %s did not start: %s", node_id, error)
+            _placement.retire(node_id, actor)
+            return
+        with self.lock:
+            node = self.nodes.get(node_id)
+            if node is None or node.actor is not actor:
+                return
+            node.polling = None
+            if error is None:
+                for key in answer.result() or ():
+                    task = self.in_flight.get(key)
+                    if task is None or task.state != "dispatched" or task.future.cancelled():
+                        continue  # a cancelled one: its callback (waiting for the lock) kills it
+                    task.state = "running"
+                    task.future.set_running_or_notify_cancel()
+                return
+        self.lose(node_id, actor, f"its actor failed: {error!r}")
+
+    def lose(self, node_id: str, actor: Any, detail: str) -> None:
+        """Fail the tasks in flight on ``node_id`` (if ``actor`` is still its actor) and retire
+        the actor: it is not trusted again (dispatcher thread)."""
+        with self.lock:
+            node = self.nodes.get(node_id)
+            if node is None or (actor is not None and node.actor is not actor):
+                return
+            del self.nodes[node_id]
+            self.nodes_lost += 1
+            lost = [t for t in (self.in_flight.pop(k, None) for k in node.keys) if t is not None]
+            self.poke()
+        log.warning("Ray node %s lost (%s); %d task(s) in flight fail", node_id, detail, len(lost))
+        _placement.retire(node_id, node.actor)
+        for task in lost:
+            self.finish(task, exc=NodeLostError(node_id, detail))
+
+    def wait_placed(self, timeout: float) -> None:
+        """Until the nodes present now have answered (the constructor; caller's thread)."""
+        end = time.monotonic() + timeout
+        with self.lock:
+            while not self.refreshed or self.placing:
+                left = end - time.monotonic()
+                if left <= 0:
+                    log.warning("Ray nodes %s still placing after %ss", list(self.placing), timeout)
+                    return
+                self.wake.wait(left)
+
+    def close(self) -> None:
+        """Close this executor's pools on every node; the actors stay for the next executor."""
+        with self.lock:
+            actors = [n.actor for n in self.nodes.values()]
+            actors += [n.actor for n in self.placing.values()]
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                actor.close.remote(self.session)
+
+    # -- other threads ---------------------------------------------------------------------------
+
+    def take(self, task: Task) -> bool:
+        """Claim ``task`` out of ``in_flight``: True for the one caller that resolves it."""
+        with self.lock:
+            if self.in_flight.get(task.key) is not task:
+                return False
+            del self.in_flight[task.key]
+            node = self.nodes.get(task.node)
+            if node is not None:
+                node.keys.discard(task.key)
+            self.poke()
+            return True
+
+    def on_future_done(self, task: Task, future: Future[Any]) -> None:
+        """The caller's future finished; if it was cancelled, stop the task (any thread)."""
+        if not future.cancelled():
+            return
+        with self.lock:
+            # Only here (starts are skipped for a cancelled future), at once: wait() and
+            # as_completed() see it without waiting for a node slot.
+            future.set_running_or_notify_cancel()
+            self.cancelled += 1
+            if self.in_flight.get(task.key) is task:
+                del self.in_flight[task.key]
+                node = self.nodes.get(task.node)
+                if node is not None:
+                    node.keys.discard(task.key)
+                self.kills.append(task)
+                self.poke()
+
+    def on_outcome(self, task: Task, answer: Future[Any]) -> None:
+        """The node's answer to ``run()`` (a Ray callback thread): resolve the task."""
+        error = answer.exception()
+        if error is not None:
+            # run() never raises: this is Ray's (the actor died, its node left). Not re-run.
+            if self.take(task):
+                self.finish(task, exc=NodeLostError(task.node, repr(error)))
+            done: Future[Any] = Future()
+            done.set_exception(error)
+            self.post("lost", task.node, task.actor, done)
+            return
+        if self.take(task):
+            self.finish_outcome(task, answer.result())
+
+    # -- resolving a task (no lock held; the caller owns the task) -------------------------------
+
+    def finish_outcome(self, task: Task, outcome: dict[str, Any]) -> None:
+        status = outcome.get("status")
+        if status == "ok":
+            try:
+                value = cloudpickle.loads(outcome["value"])
+            except Exception as exc:  # noqa: BLE001
+                err = unpickle_error(exc)
+                err.worker_pid = int(outcome.get("pid", 0))
+                self.finish(task, exc=err)
+                return
+            if task.opts.with_output:
+                value = TaskResult(
+                    value, outcome["output"], outcome["pid"], float(outcome["elapsed_s"])
+                )
+            self.finish(task, value=value)
+        elif status == "error":
+            try:
+                error = pickle.loads(outcome["error"])
+            except Exception as exc:  # noqa: BLE001 - should not happen: records are plain
+                error = RuntimeError(f"the task failed and its error could not be loaded: {exc}")
+            if isinstance(error, RemoteError):
+                error.classification = outcome.get("classification", "raise")
+            self.finish(task, exc=error)
+        elif outcome.get("reason") == "cancelled":
+            task.future.cancel()  # killed on the node before it started (interrupt())
+        else:
+            self.finish(task, exc=WorkerStartError(outcome.get("message", "node unavailable")))
+
+    def finish(self, task: Task, *, exc: BaseException | None = None, value: Any = None) -> None:
+        """The one place that resolves a task's future."""
+        with self.lock:
+            count_outcome(self, exc)
+            if isinstance(exc, WorkerStartError) and self.broken is None:
+                self.broken = exc
+            self.wake.notify_all()
+        future = task.future
+        try:
+            if future.cancelled():
+                return
+            if not future.running() and not future.set_running_or_notify_cancel():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+        except (InvalidStateError, RuntimeError):
+            pass  # cancelled in between: the cancel stands
+
+    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
+
+    def unstarted(self) -> list[Task]:
+        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
+        queued = [t for _, t in self.queue]
+        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held -= 1
+            self.poke()
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; when the last one is done, close the nodes' pools."""
+        with self.lock:
+            self.closing = True
+            self.held = 0
+            unstarted = self.unstarted()
+            self.poke()
+        if cancel_futures:
+            for task in unstarted:
+                task.future.cancel()
+
+    def join(self) -> None:
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def interrupt(self) -> None:
+        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
+        with self.lock:
+            unstarted = self.unstarted()
+        for task in unstarted:
+            task.future.cancel()
+        self.kill(None)
+
+    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
+        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
+        (``WorkerCrashedError``, "killed ...") still comes back from the node."""
+        with self.lock:
+            running = [
+                t
+                for t in self.in_flight.values()
+                if t.state == "running" and (futures is None or t.future in futures)
+            ]
+        for task in running:
+            self.kill_on_node(task)
+        return [t.future for t in running]
+
+    def enqueue(self, name: str, blob: bytes, opts: RayTaskOptions) -> Future[Any]:
+        """Queue a pickled call; return its future (raises once shut down or broken)."""
+        future: Future[Any] = Future()
+        task = Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, opts)
+        with self.lock:
+            if self.broken is not None:
+                raise self.broken
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+        future.add_done_callback(lambda f: self.on_future_done(task, f))
+        with self.lock:
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+            heapq.heappush(self.queue, (task.sort_key(), task))
+            self.poke()
+        return future
+
+    def windows(self) -> dict[str, int]:
+        """The nodes taking tasks now: node id → window."""
+        with self.lock:
+            return {a: n.window for a, n in self.nodes.items()}
+
+    def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
+        """Start every node's pool workers now; return their pids per node (caller's thread)."""
+        with self.lock:
+            if self.broken is not None:
+                raise self.broken
+            nodes = dict(self.nodes)
+        refs = {a: n.actor.warm_up.remote(self.session, timeout) for a, n in nodes.items()}
+        pids: dict[str, list[int]] = {}
+        for node_id, ref in refs.items():
+            try:
+                answer = ray.get(ref, timeout=timeout)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"node {node_id}'s pool was not ready within {timeout}s"
+                ) from None
+            except Exception as exc:
+                raise WorkerStartError(f"node {node_id} could not start its pool: {exc}") from exc
+            if "error" in answer:
+                detail = answer["error"]
+                raise WorkerStartError(f"node {node_id} could not start its pool: {detail}")
+            pids[node_id] = list(answer["pids"])
+        return pids
+
+    def statistics(self) -> RayExecutorStatistics:
+        """An immutable snapshot of the queue, the tasks in flight and the nodes."""
+        with self.lock:
+            states = [t.state for t in self.in_flight.values()]
+            return RayExecutorStatistics(
+                queued=sum(1 for _, t in self.queue if not t.future.cancelled()),
+                dispatched=states.count("dispatched"),
+                running=states.count("running"),
+                completed=self.completed,
+                failed=self.failed,
+                cancelled=self.cancelled,
+                timed_out=self.timed_out,
+                crashed=self.crashed,
+                nodes=len(self.nodes),
+                slots=sum(n.window for n in self.nodes.values()),
+                nodes_lost=self.nodes_lost,
+            )
