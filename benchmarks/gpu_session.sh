@@ -9,6 +9,7 @@
 #     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .v01 made by
 #     `mkdir .v01 && git archive 333c6ad precompile_executor | tar -x -C .v01`: no git history there)
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
+#   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,4 +93,9 @@ case "${1:-tests}" in
     timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
       ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
+  limits)
+    timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
+      2>&1 | tee "$OUT/limits-probe.txt"
+    timeout 400 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_limits.py \
+      tests/test_limits_cpython.py > "$OUT/limits-tests.txt" 2>&1; tail -15 "$OUT/limits-tests.txt" ;;
 esac

@@ -45,6 +45,9 @@ SCENARIO_TIMEOUT_S = 240.0
 """A scenario that runs longer is killed (its process group) and reported as timed out."""
 TOP = 5
 """How many of stock's best configs are compared timing by timing."""
+CORRECT_REL_ERR = 1e-2
+"""Largest error, relative to the reference's largest magnitude, that counts as correct: fp16
+outputs computed in fp32 stay well under it (about 1e-3); a wrong kernel is far over it."""
 
 
 # -- one scenario, in a fresh process -----------------------------------------------------------
@@ -253,7 +256,8 @@ def report(results: dict[tuple[str, str], dict[str, Any]], info: str) -> str:
         lines.append(
             f"| {kernel} | {r['configs']} | {mode} | {first} | {ratio} | {r['process_s']:.1f} | "
             f"{r.get('compiles', '')} | `{r['best']}` | "
-            f"{'' if stock_time is None else f'{stock_time:.4f}'} | {r['rel_err']:.1e} |"
+            f"{'' if stock_time is None else f'{stock_time:.4f}'} | {r['rel_err']:.1e} "
+            f"{'ok' if r['rel_err'] <= CORRECT_REL_ERR else 'WRONG'} |"
         )
     ours, threads = results.get(("matmul", "ours"), {}), results.get(("matmul", "threads"), {})
     if "first_call_s" in ours and "first_call_s" in threads:

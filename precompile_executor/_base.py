@@ -76,6 +76,8 @@ class TaskOptions:
         priority: higher starts first among queued tasks.
         with_output: results come back as ``TaskResult`` with the captured output.
         cost: a hint, the seconds a call is expected to take, or ``None``.
+        memory_limit: bytes the task's process group may hold, or ``None`` (a backend that
+            enforces it takes it in its own ``options()``; docs/design.md, "Memory limits").
     """
 
     timeout: float | None = None
@@ -83,6 +85,7 @@ class TaskOptions:
     priority: float = 0.0
     with_output: bool = False
     cost: float | None = None
+    memory_limit: int | None = None
 
 
 class Backend(Protocol):

@@ -39,6 +39,7 @@ from ._errors import (
     AFTER_SHUTDOWN,
     Classification,
     RemoteError,
+    TaskMemoryError,
     WorkerCrashedError,
     WorkerStartError,
     proxy_from_record,
@@ -104,6 +105,8 @@ class Core:
         self.settings = settings
         self.start = settings.start
         self.max_tasks_per_child = settings.max_tasks_per_child
+        self.memory_blocked = False  # the queue's head waits for memory (statistics)
+        self.memory_killed = 0
         self.lock = hub.lock
         self.changed = hub.changed
         self.max_workers = settings.max_workers
@@ -202,6 +205,7 @@ class Core:
         actions: list[Action] = []
         if self.held:
             return actions
+        blocked = False  # the head that would start now waits for memory
         while _scheduler.free_slots(self.max_workers, len(self.in_flight)):
             spawn, fork = self._head("spawn"), self._head("fork")
             if spawn is not None and not self.idle:
@@ -213,6 +217,11 @@ class Core:
             )
             if path is None:
                 break
+            head = spawn if path == "spawn" else fork
+            limit = head.memory_limit if head is not None else None
+            if limit is not None and not self.hub.memory.admits(limit):
+                blocked = True  # nothing passes it: priority order holds
+                break
             _, task = heapq.heappop(self.queues[path])
             if not self.claim(task):
                 task.close()
@@ -220,6 +229,8 @@ class Core:
                 continue
             now = time.monotonic()
             self.in_flight.add(task)
+            if task.memory_limit is not None:
+                self.hub.memory.reserve(task, task.memory_limit)
             if path == "fork":
                 task.state = TaskState.SENT  # the fork itself runs outside the lock
                 task.sent_at = now
@@ -231,6 +242,11 @@ class Core:
                 task.send_to(worker, now)
                 self.spawn_tasks += 1
                 actions.append(Send(worker, task))
+        if blocked != self.memory_blocked:
+            # While blocked, the memory watcher pumps this core every round: memory freed by
+            # another executor or program lets the queue go on (_memory.py).
+            self.memory_blocked = blocked
+            self.hub.memory.wait_for_memory(self, blocked)
         actions += self._start_workers()
         if self.shutdown and not self.queued():
             actions += self._release_idle()
@@ -391,6 +407,8 @@ class Core:
     def _close(self, task: Task, outcome: Any) -> list[Action]:
         """The one place a task is resolved: DONE now, its future set by :meth:`settle`."""
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         if not task.close():
             return []
         self.unsettled += 1
@@ -416,6 +434,8 @@ class Core:
 
     def task_lost(self, task: Task) -> list[Action]:
         self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
         task.back_to_queue()
         if task.requeues > MAX_REQUEUES:
             error = WorkerCrashedError(
@@ -494,6 +514,8 @@ class Core:
             task.settled_at = time.monotonic()
             self.timeline.append(_timeline(task, ok))
             count_outcome(self, None if ok else value)
+            if not ok and isinstance(value, TaskMemoryError):
+                self.memory_killed += 1
         try:
             if ok:
                 task.future.set_result(value)
@@ -753,6 +775,13 @@ class Core:
                 fork_tasks=self.fork_tasks,
                 start=self.effective_start(),
                 start_note=self.start_note(),
+                memory_killed=self.memory_killed,
+                waiting_for_memory=(
+                    min(len(queued), self.max_workers - len(self.in_flight))
+                    if self.memory_blocked
+                    else 0
+                ),
+                memory_reserved=self.hub.memory.reserved(),
             )
 
     def timelines(self) -> tuple[TaskTimeline, ...]:

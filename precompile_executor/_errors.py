@@ -158,6 +158,48 @@ class TaskTimeoutError(RemoteError, TimeoutError):
         )
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+class TaskMemoryError(RemoteError, MemoryError):
+    """The task's process group held more memory than its ``memory_limit``; the group was killed.
+
+    Only this task fails; its worker is replaced. What is measured: the resident memory of the
+    worker and every process under it, less the pages the worker shared with other processes
+    (its warm template, libraries) when the task started — close to what the group's death gives
+    back (docs/design.md, "Memory limits").
+
+    Attributes:
+        limit_bytes: the limit that applied.
+        peak_bytes: the most the group was seen holding (the sample that passed the limit).
+        worker_pid: the worker that ran the task.
+        captured_output: what the task wrote until it was killed.
+    """
+
+    def __init__(
+        self, limit_bytes: int, peak_bytes: int, worker_pid: int, captured_output: str = ""
+    ) -> None:
+        super().__init__(
+            f"task's process group held {_mib(peak_bytes)}, past its memory_limit of "
+            f"{_mib(limit_bytes)} ({limit_bytes} bytes); worker pid {worker_pid} and its process "
+            "group were killed. Raise the limit with executor.options(memory_limit=...) if the "
+            "task needs more, or find what it allocates (its output is attached)."
+        )
+        self.limit_bytes = limit_bytes
+        self.peak_bytes = peak_bytes
+        self.worker_pid = worker_pid
+        self.captured_output = captured_output
+        self.exc_type = type(self).__name__
+        self.exc_module = type(self).__module__
+
+    def __reduce__(self) -> Any:
+        return (
+            type(self),
+            (self.limit_bytes, self.peak_bytes, self.worker_pid, self.captured_output),
+        )
+
+
 class WorkerCrashedError(RemoteError):
     """The worker running the task died (segfault, abort, ``os._exit``, SIGKILL, OOM killer).
 
@@ -373,6 +415,7 @@ __all__ = [
     "RemoteError",
     "ResultSerializationError",
     "SerializationError",
+    "TaskMemoryError",
     "TaskTimeoutError",
     "WorkerCrashedError",
     "WorkerStartError",

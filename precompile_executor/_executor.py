@@ -36,6 +36,7 @@ returns idle workers to it, and the next executor with the same initializer reus
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -61,6 +62,7 @@ from ._validate import (
     check_flag,
     check_initializer,
     check_max_tasks_per_child,
+    check_memory_limit,
     check_path,
     check_timeout,
     describe_unpicklable,
@@ -161,6 +163,16 @@ class PrecompileExecutor(BaseExecutor[Core]):
             after this many tasks and a fresh one replaces it (from the warm template: in
             milliseconds), to bound what a leaking compiler accumulates. ``None``: workers live
             on. Fork-path tasks run in a child each anyway.
+        memory_limit: bytes a task's process group — its worker and every process under it (a
+            compiler it spawned) — may hold; checked every 20 ms while the task runs. Past it
+            the group is killed at once and the task fails alone with
+            :class:`TaskMemoryError` (a ``MemoryError``); its worker is replaced. Measured: the
+            group's resident memory less the pages the worker shared with its warm template and
+            libraries when the task started (about its USS; docs/design.md, "Memory limits").
+            With a limit, tasks also start only while the running ones, counted at their
+            limits, plus the next fit in the machine's available memory, so a batch queues
+            instead of meeting the OOM killer (``statistics().waiting_for_memory``). ``None``:
+            no limit; override per call with :meth:`options`.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -182,6 +194,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
         start: Start = "template",
         cost_history: str | os.PathLike[str] | None = None,
         max_tasks_per_child: int | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         workers = check_count(max_workers, "max_workers", 1, optional=True)
         check_initializer(initializer, initargs, classify)
@@ -189,7 +202,11 @@ class PrecompileExecutor(BaseExecutor[Core]):
         if start not in _STARTS:
             raise ValueError(f"start must be 'template' or 'interpreter', got {start!r}")
         check_flag(ignore_errors, "ignore_errors")
-        options = TaskOptions(check_timeout(timeout, "timeout"), check_path(path))
+        options = TaskOptions(
+            check_timeout(timeout, "timeout"),
+            check_path(path),
+            memory_limit=check_memory_limit(memory_limit),
+        )
         init_blob = None
         if initializer is not None:
             try:
@@ -271,6 +288,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
             cost=cost,
             costs=costs,
             predicted_s=costs.estimate(cost) * len(calls),
+            memory_limit=opts.memory_limit,
         )
         # A weak reference: the future must not keep its task (and the task its future) alive.
         future.add_done_callback(functools.partial(_on_done, core, weakref.ref(task)))
@@ -305,6 +323,26 @@ class PrecompileExecutor(BaseExecutor[Core]):
             if estimate.history is not None:
                 costs = _shared_model(estimate.history)
         return CostKey(function, features, prior), costs
+
+    def options(
+        self,
+        *,
+        timeout: float | None | object = ...,
+        path: Path | object = ...,
+        priority: float | object = ...,
+        with_output: bool | object = ...,
+        cost: float | None | object = ...,
+        memory_limit: int | None | object = ...,
+    ) -> PrecompileExecutor:
+        """The shared layer's :meth:`~._base.BaseExecutor.options`, and ``memory_limit``: bytes
+        the task's process group may hold (``None``: no limit); see the constructor."""
+        view = super().options(
+            timeout=timeout, path=path, priority=priority, with_output=with_output, cost=cost
+        )
+        if memory_limit is not ...:
+            limit = check_memory_limit(memory_limit)
+            view._options = dataclasses.replace(view._options, memory_limit=limit)
+        return view
 
     # -- workers ---------------------------------------------------------------------------------
 

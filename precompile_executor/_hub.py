@@ -17,9 +17,13 @@ Threads and what they own:
   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
   the user's done-callbacks) to the settle threads. It alone closes worker sockets.
-* **job pool** (bounded): starts workers, kills process groups, reaps dead workers and reports
-  their tasks, stops workers.
-* **settle threads** (a fixed few, fed by a queue): unpickle results and set futures.
+* **job pool** (bounded, :class:`._jobs.JobPool`): starts workers, kills process groups, reaps
+  dead workers and reports their tasks, stops workers.
+* **settle threads** (at most a few, a ``JobPool`` too): unpickle results and set futures.
+* **memory watcher** (:mod:`._memory`, while a task with a ``memory_limit`` runs or waits):
+  samples those tasks' process groups; one past its limit is doomed and killed by a job.
+
+Only the monitor lives for the process's life: idle job, settle and watcher threads end.
 * callers' threads: submit, decide under ``lock`` and run the resulting actions.
 
 ``lock`` guards every task, worker handle and executor core (one lock: a task's state and its
@@ -46,9 +50,16 @@ from typing import Any, Literal
 from loky.backend import get_context
 
 from . import _process
-from ._errors import TaskTimeoutError, WorkerCrashedError, WorkerStartError, proxy_from_record
+from ._errors import (
+    TaskMemoryError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+    WorkerStartError,
+    proxy_from_record,
+)
 from ._fork import fork_task
 from ._jobs import JobPool
+from ._memory import MemoryGuard, anon_bytes
 from ._messages import (
     Done,
     Exited,
@@ -158,6 +169,7 @@ class Hub:
         # left 64 idle threads for the process's life).
         self._jobs = JobPool(JOB_THREADS, "precompile-job")
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
+        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump)
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
@@ -301,6 +313,8 @@ class Hub:
         assert task.calls is not None
         worker = WorkerHandle("fork", b"", self.new_capture_path())
         worker.owner = task.owner
+        # What the child starts with is the caller's: its memory charge counts from here.
+        anon_at_fork = anon_bytes(os.getpid()) if task.memory_limit is not None else 0
         try:
             pid, conn = fork_task(
                 task.id,
@@ -324,6 +338,8 @@ class Hub:
             worker.task = task
             task.worker = worker
             task.start(now)
+            if task.memory_limit is not None:
+                self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
             self.workers.add(worker)
             self.conns[conn] = worker
         log.debug("task %d on the fork path, child pid %d", task.id, pid)
@@ -596,6 +612,8 @@ class Hub:
         if doom is not None and doom.reason == "timeout":
             elapsed = doom.at - (task.started_at or doom.at)
             error = TaskTimeoutError(task.timeout or 0.0, elapsed, worker.pid, output)
+        elif doom is not None and doom.reason == "memory":
+            error = TaskMemoryError(task.memory_limit or 0, task.memory_peak, worker.pid, output)
         else:
             error = WorkerCrashedError(worker.pid, code, output, detail=doom.detail if doom else "")
         with self.lock:
@@ -793,6 +811,29 @@ class Hub:
             task = worker.task if worker is not None else None
             if task is not None and task.id == message.task_id and task.state is TaskState.SENT:
                 task.start(time.monotonic())
+                if task.memory_limit is not None and worker is not None:
+                    self.memory.watch(task, worker.pid, task.memory_limit)
+
+    def _memory_exceeded(self, task: Task, pid: int, peak: int) -> None:
+        """The memory watcher saw ``task``'s group past its limit: doom it and kill the group
+        at once, no grace (the machine's memory is at stake); its end of file makes the
+        reaper report :class:`TaskMemoryError`. Watcher thread, no lock held."""
+        with self.lock:
+            worker = task.worker
+            if task.state is not TaskState.STARTED or task.doom is not None:
+                return
+            if worker is None or worker.pid != pid:
+                return
+            task.doom = Doom("memory", time.monotonic())
+            task.memory_peak = peak
+        log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
+        self._submit_job(_process.kill_group, pid, 0.0)
+
+    def _repump(self, core: Any) -> None:
+        """Memory may have freed: let ``core``'s queue go on (memory watcher, no lock held)."""
+        with self.lock:
+            actions = core.pump()
+        self.run(actions)
 
     def _done(self, conn: Connection, message: Done) -> None:
         actions: list[Action] = []

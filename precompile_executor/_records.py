@@ -122,6 +122,11 @@ class ExecutorStatistics(TaskCounts):
             (``"interpreter"`` also when the template was found unsafe to fork).
         start_note: why workers asked to start from a template start as interpreters (the
             template's refusal: e.g. the threads the initializer left running), else ``None``.
+        memory_killed: failed tasks whose process group passed their ``memory_limit``.
+        waiting_for_memory: queued tasks that would run now (a slot is free) but wait for
+            memory: the running tasks with limits, counted at their limits, leave too little.
+        memory_reserved: bytes reserved by the running tasks with limits of every executor in
+            the process (Σ limit), what admission counts against.
     """
 
     workers_alive: int
@@ -130,6 +135,9 @@ class ExecutorStatistics(TaskCounts):
     fork_tasks: int
     start: str = "template"
     start_note: str | None = None
+    memory_killed: int = 0
+    waiting_for_memory: int = 0
+    memory_reserved: int = 0
 
 
 class Tallied(Protocol):

@@ -13,7 +13,9 @@ Rules:
 * workers start only for spawn tasks that no idle or starting worker will take, and never
   beyond ``max_workers`` spawn workers;
 * pinned workers are spread over devices: new ones go to the device with the fewest, tasks to
-  an idle worker on the device with the fewest busy ones.
+  an idle worker on the device with the fewest busy ones;
+* a task with a memory limit starts only while what the running limited tasks may still take,
+  plus its own limit, fits in the available memory (always when none runs).
 """
 
 from __future__ import annotations
@@ -86,3 +88,23 @@ def pick_idle(idle_devices: Sequence[D], busy: Mapping[D, int]) -> int:
         if busy.get(idle_devices[i], 0) < busy.get(idle_devices[best], 0):
             best = i
     return best
+
+
+def fits_in_memory(limit: int, running: Sequence[tuple[int, int]], available: int) -> bool:
+    """Whether a task with a memory limit of ``limit`` bytes may start now.
+
+    The tasks with limits already running may each still grow to its limit: what they may yet
+    take, Σ (limit − held now), plus ``limit`` must fit in ``available`` (the machine's free
+    memory, which already excludes what they hold). With none running, the task starts whatever
+    it asks, so a batch never stalls on a limit larger than the free memory: it runs one at a
+    time.
+
+    Args:
+        limit: the new task's limit in bytes.
+        running: ``(limit, held)`` in bytes of each running task with a limit.
+        available: bytes the machine has available now.
+    """
+    if not running:
+        return True
+    may_take = sum(max(0, lim - held) for lim, held in running)
+    return may_take + limit <= available

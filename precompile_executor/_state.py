@@ -52,7 +52,7 @@ class TaskState(enum.Enum):
 class Doom(NamedTuple):
     """Why a started task is being killed, and when that was decided."""
 
-    reason: Literal["timeout", "killed"]
+    reason: Literal["timeout", "killed", "memory"]
     at: float
     detail: str = ""
 
@@ -115,6 +115,8 @@ class Task:
     cost: CostKey | None = None  # what its duration is predicted and recorded under
     costs: CostModel | None = None  # where its duration is recorded
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
+    memory_limit: int | None = None  # bytes its process group may hold (options(memory_limit=))
+    memory_peak: int = 0  # the charge that passed memory_limit (set when it is doomed for it)
     # Its timeline (time.monotonic()): sent_at and started_at above, and
     queued_at: float | None = None  # first enqueued
     done_at: float | None = None  # its Done message handled (the worker's result is here)

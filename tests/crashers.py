@@ -57,6 +57,17 @@ class NeedsTwoArgs(Exception):
         self.detail = detail
 
 
+MEMORY_LIMIT_BYTES = 128 << 20
+"""The memory limit the fault table runs :func:`allocate_gib` under."""
+
+
+def allocate_gib() -> None:
+    """Write 1 GiB in 32 MiB steps, then hold it (a compile that blows up)."""
+    chunks = [b"\x01" * (32 << 20) for _ in range(32)]
+    time.sleep(30)
+    del chunks
+
+
 def raise_two_args() -> None:
     raise NeedsTwoArgs(7, "needs two arguments")
 

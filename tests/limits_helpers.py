@@ -20,9 +20,21 @@ import psutil
 MIB = 1 << 20
 
 
+def private_bytes() -> int:
+    """This process's private resident memory now (USS, from ``smaps_rollup``)."""
+    total = 0
+    with open("/proc/self/smaps_rollup", "rb") as f:
+        for line in f.read().splitlines():
+            if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
 def allocate(total_bytes: int, step_bytes: int = 32 * MIB, hold_s: float = 30.0) -> int:
-    """Allocate ``total_bytes`` in steps, touching every page; print a wall-clock stamp and the
-    total after each step (so a test can tell when a limit was crossed), then hold it."""
+    """Allocate ``total_bytes`` in steps, touching every page; print this process's private
+    memory before, then a wall-clock stamp and the total after each step (so a test can tell
+    when a limit was crossed), then hold it."""
+    print(f"BASELINE {private_bytes()}", flush=True)
     chunks = []
     done = 0
     while done < total_bytes:
@@ -35,18 +47,21 @@ def allocate(total_bytes: int, step_bytes: int = 32 * MIB, hold_s: float = 30.0)
 
 def allocate_in_grandchild(total_bytes: int) -> int:
     """Allocate ``total_bytes`` in a fresh interpreter this task starts (a compiler would)."""
+    print(f"BASELINE {private_bytes()}", flush=True)
     code = "import sys, limits_helpers as h; h.allocate(int(sys.argv[1]))"
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
     subprocess.run([sys.executable, "-c", code, str(total_bytes)], env=env, check=True)
     return total_bytes
 
 
-def hold_memory(n_bytes: int, seconds: float) -> int:
-    """Hold ``n_bytes`` of written memory for ``seconds``; return this worker's pid."""
+def hold_memory(n_bytes: int, seconds: float) -> tuple[int, float, float]:
+    """Hold ``n_bytes`` of written memory for ``seconds``; return this worker's pid and when
+    the task started and ended (wall clock)."""
+    start = time.time()
     block = b"\x01" * n_bytes
     time.sleep(seconds)
     del block
-    return os.getpid()
+    return os.getpid(), start, time.time()
 
 
 def segfault() -> None:
@@ -89,6 +104,8 @@ def terminate_leaves_nothing(start: str) -> None:
     futures.append(ex.options(timeout=0.5).submit(time.sleep, 30))
     futures += [ex.submit(abs, -i) for i in range(40)]
     futures.append(ex.options(path="fork").submit(abs, -1))
+    # a memory kill, and the memory watcher's thread, which must end too
+    futures.append(ex.options(memory_limit=64 * MIB).submit(allocate, 256 * MIB))
     for future in futures:
         future.exception(timeout=60)
     # a replacement worker still starting when terminate_workers() runs must not survive it

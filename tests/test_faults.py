@@ -17,6 +17,7 @@ from precompile_executor import (
     PrecompileExecutor,
     RemoteError,
     ResultSerializationError,
+    TaskMemoryError,
     TaskTimeoutError,
     WorkerCrashedError,
 )
@@ -48,6 +49,13 @@ def _check_timeout(exc: BaseException) -> None:
     assert isinstance(exc, TimeoutError)
     assert exc.timeout_s == HANG_TIMEOUT_S
     assert HANG_TIMEOUT_S <= exc.elapsed_s < HANG_TIMEOUT_S + 5
+    assert exc.worker_pid > 0
+
+
+def _check_memory(exc: BaseException) -> None:
+    assert isinstance(exc, TaskMemoryError)
+    assert isinstance(exc, MemoryError)
+    assert exc.limit_bytes == crashers.MEMORY_LIMIT_BYTES < exc.peak_bytes
     assert exc.worker_pid > 0
 
 
@@ -101,6 +109,7 @@ FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], boo
     ("python loop", crashers.python_loop, _check_timeout, True),
     ("C hang holding the GIL", crashers.c_hang_holding_gil, _check_timeout, True),
     ("hang with a grandchild", crashers.hang_with_grandchild, _check_timeout, True),
+    ("past its memory limit", crashers.allocate_gib, _check_memory, False),
     ("exception needing two args", crashers.raise_two_args, _check_two_args, False),
     ("exception holding a lock", crashers.raise_with_lock, _check_lock, False),
     ("exception class inside the task", crashers.raise_local_class, _check_local, False),
@@ -125,6 +134,8 @@ def test_fault_fails_alone(
     with PrecompileExecutor(2, path=path) as executor:  # type: ignore[arg-type]
         before = [executor.submit(crashers.square, i, 0.3) for i in range(3)]
         bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
+        if task is crashers.allocate_gib:
+            bad_executor = executor.options(memory_limit=crashers.MEMORY_LIMIT_BYTES)
         args: tuple[Any, ...] = ()
         pid_file = tmp_path / "grandchild.pid"
         if task is crashers.hang_with_grandchild:

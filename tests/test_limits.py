@@ -16,15 +16,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+import limits_helpers as helpers
+import psutil
 import pytest
 
-from precompile_executor import PrecompileExecutor
+from precompile_executor import PrecompileExecutor, RemoteError, TaskMemoryError
 from precompile_executor._jobs import JobPool
+from precompile_executor._scheduler import fits_in_memory
 
 pytestmark = pytest.mark.timeout(120)
 
 HERE = Path(__file__).parent
 STARTS = ["template", "interpreter"]
+MIB = 1 << 20
+GIB = 1 << 30
+LIMIT = 256 * MIB
+DETECT_S = 0.5  # the acceptance of issue 24: killed within 0.5 s of crossing the limit
+SLACK = 16 * MIB  # interpreter noise around an allocation (its list, the print buffers)
 
 
 def _fresh(scenario: str, *args: Any, timeout_s: float = 90.0) -> Any:
@@ -146,3 +154,150 @@ def test_max_tasks_per_child_workers_are_not_shared_with_other_settings() -> Non
         pid = plain.submit(os.getpid).result(timeout=60)
         assert plain.submit(os.getpid).result(timeout=60) == pid
     assert pid != recycled
+
+
+# -- memory limits ---------------------------------------------------------------------------
+
+
+def _latest_stamp_under_the_limit(output: str) -> float:
+    """The wall-clock stamp of the last allocation step at which the group surely held less
+    than :data:`LIMIT`: its processes' private memory before they allocated, plus what was
+    allocated, plus :data:`SLACK`. The limit was crossed after it."""
+    baseline = sum(
+        int(line.split()[1]) for line in output.splitlines() if line.startswith("BASELINE")
+    )
+    steps = [line.split() for line in output.splitlines() if line.startswith("ALLOCATED")]
+    under = [float(t) for _, t, n in steps if baseline + int(n) + SLACK < LIMIT]
+    assert under, f"no allocation step under the limit in the output:\n{output[-2000:]}"
+    return max(under)
+
+
+@pytest.mark.parametrize(
+    ("how", "task"),
+    [
+        ("template", helpers.allocate),
+        ("interpreter", helpers.allocate),
+        ("fork", helpers.allocate),
+        ("template", helpers.allocate_in_grandchild),
+    ],
+    ids=["template", "interpreter", "fork-path", "grandchild"],
+)
+def test_a_task_past_its_memory_limit_fails_alone_and_fast(how: str, task: Any) -> None:
+    """1 GiB under a 256 MiB limit: TaskMemoryError (a MemoryError and a RemoteError with the
+    limit, the peak and the output) within 0.5 s of crossing; the batch's other tasks succeed;
+    no process is left (the leak fixture)."""
+    start = "interpreter" if how == "interpreter" else "template"
+    with PrecompileExecutor(3, start=start, memory_limit=LIMIT) as ex:  # type: ignore[arg-type]
+        view = ex.options(path="fork") if how == "fork" else ex
+        innocent = [ex.submit(helpers.hold_memory, 32 * MIB, 0.5) for _ in range(4)]
+        failed_at: list[float] = []
+        bad = view.submit(task, GIB)
+        bad.add_done_callback(lambda _: failed_at.append(time.time()))
+        error = bad.exception(timeout=60)
+        assert isinstance(error, TaskMemoryError), error
+        assert isinstance(error, MemoryError) and isinstance(error, RemoteError)
+        assert error.limit_bytes == LIMIT
+        assert LIMIT < error.peak_bytes < GIB
+        assert "ALLOCATED" in error.captured_output
+        assert "256 MiB" in str(error)
+        assert failed_at[0] - _latest_stamp_under_the_limit(error.captured_output) <= DETECT_S
+        assert all(f.exception(timeout=60) is None for f in innocent)
+        after = ex.submit(os.getpid).result(timeout=60)  # the pool is whole again
+        stats = ex.statistics()
+    assert after > 0
+    assert stats.memory_killed == 1
+    assert stats.failed == 1
+
+
+def test_admission_runs_at_most_two_tasks_of_half_the_available_memory() -> None:
+    """With a limit of half the available memory, no more than two such tasks run at once,
+    and all complete; statistics() says when tasks wait for memory."""
+    limit = psutil.virtual_memory().available // 2
+    waiting_seen = 0
+    with PrecompileExecutor(4, memory_limit=limit) as ex:
+        futures = [ex.submit(helpers.hold_memory, 16 * MIB, 0.4) for _ in range(6)]
+        end = time.monotonic() + 120
+        while not all(f.done() for f in futures) and time.monotonic() < end:
+            waiting_seen = max(waiting_seen, ex.statistics().waiting_for_memory)
+            time.sleep(0.02)
+        spans = [f.result(timeout=60)[1:] for f in futures]
+        stats = ex.statistics()
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert 1 <= most <= 2
+    assert waiting_seen >= 1
+    assert stats.completed == 6
+    assert stats.waiting_for_memory == 0
+    assert stats.memory_reserved == 0
+
+
+def test_tasks_without_a_limit_are_not_held_back() -> None:
+    with PrecompileExecutor(2) as ex:
+        assert ex.submit(abs, -2).result(timeout=60) == 2
+        assert ex.statistics().waiting_for_memory == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "error"), [(0, ValueError), (-5, ValueError), ("1G", TypeError), (True, TypeError)]
+)
+def test_memory_limit_validation(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="memory_limit"):
+        PrecompileExecutor(1, memory_limit=value)  # type: ignore[arg-type]
+    with PrecompileExecutor(1) as ex, pytest.raises(error, match="memory_limit"):
+        ex.options(memory_limit=value)
+
+
+def test_task_memory_error_pickles_with_its_fields() -> None:
+    import pickle
+
+    error = TaskMemoryError(LIMIT, LIMIT + MIB, 123, "out")
+    again = pickle.loads(pickle.dumps(error))
+    assert (again.limit_bytes, again.peak_bytes, again.worker_pid, again.captured_output) == (
+        LIMIT,
+        LIMIT + MIB,
+        123,
+        "out",
+    )
+    assert str(again) == str(error)
+
+
+@pytest.mark.parametrize(
+    ("limit", "running", "available", "fits"),
+    [
+        (100, [], 10, True),  # nothing limited runs: start, whatever the limit (no stall)
+        (50, [(50, 0)], 100, True),  # 50 + 50 fit in 100
+        (50, [(50, 0)], 99, False),
+        (50, [(50, 40)], 60, True),  # the running one may take 10 more: 10 + 50 fit in 60
+        (50, [(50, 60)], 50, True),  # past its limit (being killed): counts as 0 more
+        (50, [(50, 0), (50, 0)], 149, False),
+    ],
+)
+def test_fits_in_memory(
+    limit: int, running: list[tuple[int, int]], available: int, fits: bool
+) -> None:
+    assert fits_in_memory(limit, running, available) is fits
+
+
+def _memory_watcher_alive() -> bool:
+    return any(t.name == "precompile-memory" for t in threading.enumerate())
+
+
+def test_a_limit_larger_than_the_free_memory_runs_one_at_a_time_and_never_stalls() -> None:
+    limit = 2 * psutil.virtual_memory().total
+    with PrecompileExecutor(3, memory_limit=limit) as ex:
+        futures = [ex.submit(helpers.hold_memory, MIB, 0.3) for _ in range(3)]
+        spans = [f.result(timeout=60)[1:] for f in futures]
+        assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) == 1
+        # queued behind a running one, then cancelled: nothing waits for memory any more
+        running = ex.submit(helpers.hold_memory, MIB, 1.0)
+        queued = [ex.submit(helpers.hold_memory, MIB, 1.0) for _ in range(2)]
+        end = time.monotonic() + 30
+        while ex.statistics().waiting_for_memory < 1 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert ex.statistics().waiting_for_memory >= 1
+        assert all(f.cancel() for f in queued)
+        assert running.result(timeout=60)
+    end = time.monotonic() + 30
+    while _memory_watcher_alive() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _memory_watcher_alive()  # it ends once nothing is watched or waiting
+    assert ex.statistics().waiting_for_memory == 0

@@ -114,13 +114,30 @@ def asm_jit(x_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
 
 
 class FakeTensor:
-    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address."""
+    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address.
 
-    def __init__(self, dtype: Any) -> None:
+    ``zero_``, ``clone`` and ``copy_`` (what ``reset_to_zero``/``restore_value`` call) are
+    recorded in ``log``.
+    """
+
+    def __init__(self, dtype: Any, log: list[str] | None = None) -> None:
         self.dtype = dtype
+        self.log = log if log is not None else []
 
     def data_ptr(self) -> int:
         return 1 << 20
+
+    def zero_(self) -> FakeTensor:
+        self.log.append("zero_")
+        return self
+
+    def clone(self) -> FakeTensor:
+        self.log.append("clone")
+        return FakeTensor(self.dtype, self.log)
+
+    def copy_(self, other: FakeTensor) -> FakeTensor:
+        self.log.append("copy_")
+        return self
 
 
 class DryRunGPU(CompileOnlyDriver):
@@ -408,6 +425,48 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
     assert _completed(executor) - before == len(pruned)
     assert len(bench.calls) == calls and compile_log.events == []
     assert gpu.launches[-1]["BLOCK"] == 256
+
+
+@pytest.mark.timeout(180)
+def test_hooks_resets_and_restores_run_as_in_stock_triton(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    def autotune_once(dry_gpu: DryRunGPU, in_workers: bool) -> tuple[list[Any], Any]:
+        events: list[Any] = []
+        configs = [
+            triton.Config({"BLOCK": 128}, num_warps=4),
+            triton.Config(
+                {"BLOCK": 256}, num_warps=4, pre_hook=lambda nargs: events.append("config hook")
+            ),
+            triton.Config({"BLOCK": 512}, num_warps=8),
+        ]
+        x, out = FakeTensor(tl.float32, events), FakeTensor(tl.float32, events)
+        kernel = triton.autotune(
+            configs=configs,
+            key=["n"],
+            reset_to_zero=["out_ptr"],
+            restore_value=["x_ptr"],
+            do_bench=Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+        )(double_jit)
+        if in_workers:
+            with pe_autotune.use(executor):
+                kernel[GRID](x, out, 4096)
+        else:
+            kernel[GRID](x, out, 4096)
+        timings = {str(c): t for c, t in kernel.configs_timings.items()}
+        return sorted(events), (str(kernel.best_config), timings, dry_gpu.launches[-1])
+
+    ours = autotune_once(gpu, in_workers=True)
+    stock_gpu = DryRunGPU()  # a fresh device: stock compiles (from the disk cache) in-process
+    driver.set_active(stock_gpu)
+    try:
+        stock = autotune_once(stock_gpu, in_workers=False)
+    finally:
+        driver.set_active(gpu)
+        double_jit.device_caches.pop(stock_gpu.device, None)
+    assert ours == stock
+    assert ours[0].count("zero_") == 4  # once per config, once more to reset after tuning
+    assert ours[0].count("config hook") == 2  # its benchmark, and the call that used it
 
 
 @pytest.mark.timeout(180)

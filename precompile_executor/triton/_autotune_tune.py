@@ -16,8 +16,9 @@
       self.fn.run(best config)                Triton's own launch
     close(): cancel what is still queued; drop our entries from the JIT's memory
 
-A compile that crashed or hung its worker (``WorkerCrashedError``, ``TaskTimeoutError``; any
-``BrokenExecutor``, ``TimeoutError`` or cancellation) is timed ``inf`` without a launch and logged
+A compile that crashed or hung its worker (``WorkerCrashedError`` — a node lost by a cluster
+backend is one too —, ``TaskTimeoutError``; a stdlib pool's ``BrokenExecutor``, any
+``TimeoutError``, a cancellation) is timed ``inf`` without a launch and logged
 once with the worker's captured output. Any other failed compile is left to Triton: the JIT's
 cache holds a stand-in that raises the worker's exception (a proxy of the same class) at launch,
 so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and ``CompileTimeAssertionFailure`` to
@@ -38,6 +39,7 @@ from typing import Any
 from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 
+from .._errors import WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._kernel_ref import unwrap_jit_function
 from ._submit import default_executor
@@ -160,7 +162,7 @@ class _Entry:
 def is_isolation_failure(exc: BaseException) -> bool:
     """Return whether a compile failed by crashing, hanging or losing its worker (not a
     compiler error): Triton would have died or hung with it, so it is timed ``inf``."""
-    return isinstance(exc, BrokenExecutor | TimeoutError | CancelledError)
+    return isinstance(exc, WorkerCrashedError | BrokenExecutor | TimeoutError | CancelledError)
 
 
 class Tune:
@@ -259,6 +261,14 @@ class Tune:
         try:
             entry.outcome = self._measure(entry, bench)
         except Exception as exc:  # noqa: BLE001 - re-raised on the config's turn in the loop
+            logger.debug(
+                "%s: config %s raised %s: %s (Triton's loop raises it on that config's turn)",
+                _name(self.autotuner),
+                entry.config,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
             entry.outcome = exc
             entry.measured = True
             return False
