@@ -908,6 +908,23 @@ def test_spawn_mode_raise_classified_error_aborts(
             PrecompileFuture.wait_for_all(futures)
 
 
+@pytest.mark.timeout(180)
+def test_spawn_worker_compiles_with_a_launcher_that_launches_nothing(tmp_path: Path) -> None:
+    """A spawn worker compiles a config outside the GPU lease: Helion's generated host function
+    runs with our compile-only launcher, which fills the JIT's cache (the real call is then a
+    cache hit) and launches nothing (the compile-only driver here could not launch)."""
+    from precompile_executor.helion._spawn_task import _compile_only, _takes_launcher
+
+    with _fork_batch(tmp_path) as (bound, args, _):
+        (config,) = _configs(bound, 1)
+        fn = bound.compile_config(config)
+        assert _takes_launcher(fn)
+        fn(*args, _launcher=_compile_only)
+        caches = _jit(bound, config).device_caches
+        assert sum(len(kernels) for kernels, *_ in caches.values()) == 1
+    assert os.listdir(tmp_path / "triton")  # the binary went to the Triton cache on disk
+
+
 def test_spawn_mode_module_cache_by_source_hash(tmp_path: Path) -> None:
     from helion.autotuner.precompile_future import _serialize_compiled_fn
 
