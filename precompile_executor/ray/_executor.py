@@ -119,6 +119,7 @@ class RayPrecompileExecutor(BaseExecutor[State]):
         priority: float | object = ...,
         with_output: bool | object = ...,
         cost: float | None | object = ...,
+        memory_limit: int | None | object = ...,
         resources: Mapping[str, float] | None | object = ...,
     ) -> Self:
         """Return a view with other per-task settings; it shares the queue and the nodes.
@@ -130,12 +131,19 @@ class RayPrecompileExecutor(BaseExecutor[State]):
             with_output: results come back as :class:`~precompile_executor.TaskResult`.
             cost: a hint, the seconds a call is expected to take: among equal priorities the
                 longest starts first (this executor keeps no history; ``None``: no hint).
+            memory_limit: not enforced on a Ray cluster yet: anything but ``None`` is refused
+                with a ``TypeError`` (the layer's rule for a backend that does not enforce it).
             resources: the task goes only to nodes whose Ray resources cover these amounts
                 (``{"GPU": 1}``: a GPU node); a filter, nothing is reserved.
         """
         wanted = None if resources is ... else check_resources(resources)
         view = super().options(
-            timeout=timeout, path=path, priority=priority, with_output=with_output, cost=cost
+            timeout=timeout,
+            path=path,
+            priority=priority,
+            with_output=with_output,
+            cost=cost,
+            memory_limit=memory_limit,
         )
         if wanted is not None:  # the view is new: nobody else holds it yet
             opts = view._options
