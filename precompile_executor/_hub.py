@@ -59,7 +59,7 @@ from ._errors import (
 )
 from ._fork import fork_task
 from ._jobs import JobPool
-from ._memory import MemoryGuard, anon_bytes
+from ._memory import MemoryGuard, anon_bytes, kill_now
 from ._messages import (
     Done,
     Exited,
@@ -827,7 +827,8 @@ class Hub:
             task.doom = Doom("memory", time.monotonic())
             task.memory_peak = peak
         log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
-        self._submit_job(_process.kill_group, pid, 0.0)
+        kill_now(pid)
+        self._submit_job(_process.kill_group, pid, 0.0)  # waits for them; catches stragglers
 
     def _repump(self, core: Any) -> None:
         """Memory may have freed: let ``core``'s queue go on (memory watcher, no lock held)."""

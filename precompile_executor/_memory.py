@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -112,6 +113,19 @@ def group_members(pid: int) -> list[int]:
         members += found
         frontier = found
     return members
+
+
+def kill_now(pid: int) -> None:
+    """SIGKILL the group ``pid`` leads and every descendant, at once: the members are found
+    through the children lists (microseconds), not by a scan of every process (psutil's
+    ``children()``: tens of ms on a busy machine), so the memory comes back sooner. The caller
+    still waits for them with :func:`._process.kill_group`."""
+    members = group_members(pid)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    for member in members:
+        with contextlib.suppress(OSError):
+            os.kill(member, signal.SIGKILL)
 
 
 def group_rss(pid: int) -> int:
