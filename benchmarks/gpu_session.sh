@@ -77,10 +77,12 @@ case "${1:-tests}" in
   probe)
     timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
-    # HELION_ONLY="skew matmul" picks scenarios, HELION_ROUNDS the interleaved rounds (default 3).
+    # HELION_ONLY="skew matmul" picks scenarios, HELION_MODES="native-fork ours-fork" modes,
+    # HELION_ROUNDS the interleaved rounds (default 3); no run starts past HELION_DEADLINE s.
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
       --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
-      ${HELION_ONLY:+--only $HELION_ONLY} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+      --deadline "${HELION_DEADLINE:-540}" ${HELION_ONLY:+--only $HELION_ONLY} \
+      ${HELION_MODES:+--modes $HELION_MODES} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
   autotune)
     # The tests (CPU ones and the injected segfault/hang on the GPU), then the benchmark:
     # each scenario a fresh process with a cold Triton cache (see benchmarks/triton_autotune_bench.py).

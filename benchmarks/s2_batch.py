@@ -99,6 +99,9 @@ def run(ctx: Context) -> Section:
     def wall(key: str) -> float:
         return median(r.wall_s for r in runs.get(key, []))
 
+    def name(key: str) -> str:
+        return STRATEGIES[key][0].replace("Executor in", f"Executor({w}) in")
+
     seq, warm = wall("seq"), wall("warm")
     rows: list[dict[str, Any]] = [
         {
@@ -125,7 +128,7 @@ def run(ctx: Context) -> Section:
         note = STRATEGIES[key][1] + (f" {len(errors)} failed: {errors[0]}" if errors else "")
         rows.append(
             {
-                "strategy": STRATEGIES[key][0].replace("Executor in", f"Executor({w}) in"),
+                "strategy": name(key),
                 "wall (s)": spread(r.wall_s for r in rs),
                 "× ideal": wall(key) / ideal,
                 "speedup vs sequential": seq / wall(key),
@@ -203,7 +206,7 @@ def run(ctx: Context) -> Section:
         "'priority' and 'caller sorts' columns). The gain is largest when few configs per "
         "worker meet a skewed set of compile times (the skewed row)."
     )
-    labels = ["ideal"] + [STRATEGIES[k][0] for k in runs]
+    labels = ["ideal"] + [name(k) for k in runs]
     section.plot = bars(
         f"2. {len(cfgs)} sm_90 matmul configs on {w} workers (s)",
         ["ideal"] + [n.replace(" (", "\n(").replace(", ", ",\n", 1) for n in labels[1:]],

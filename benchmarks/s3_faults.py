@@ -166,7 +166,9 @@ def _warm_task(_: int) -> int:
     return warm_compile(0.2)
 
 
-def measure(ctx: Context, cfgs: list[Config], k: int, timeout: float) -> tuple[list[Any], Any]:
+def measure(
+    ctx: Context, cfgs: list[Config], k: int, timeout: float
+) -> tuple[list[Any], list[str], float]:
     w = ctx.workers
     start_s = _batch.worker_start_s()  # before any fork-started pool below has run
     rows = [_ours(ctx, cfgs, k, timeout, spares, start_s) for spares in (0, k)]
@@ -198,7 +200,7 @@ def measure(ctx: Context, cfgs: list[Config], k: int, timeout: float) -> tuple[l
             run_ = _submit_all(pool.submit, tasks, log)
         batch = "hangs + crashes" if hangs else "crashes only (no per-task timeout)"
         rows.append(_row(pool.name, batch, [run_], [r.wall_s for r in clean], "one run"))
-    return rows, (skipped, start_s)
+    return rows, skipped, start_s
 
 
 def run(ctx: Context) -> Section:
@@ -209,7 +211,7 @@ def run(ctx: Context) -> Section:
     k = max(1, round(0.1 * len(cfgs)))
     timeout = max(2.0 if ctx.quick else 5.0, 3 * max(times.values()))
     ctx.log(f"s3: {len(cfgs)} configs + {k} hanging + {k} crashing tasks, timeout {timeout:.1f}s")
-    rows, (skipped, start_s) = measure(ctx, cfgs, k, timeout)
+    rows, skipped, start_s = measure(ctx, cfgs, k, timeout)
 
     def budget(row: dict[str, Any]) -> float:
         return float(row["ff"] + k * timeout / w)

@@ -45,6 +45,9 @@ SCENARIO_TIMEOUT_S = 240.0
 """A scenario that runs longer is killed (its process group) and reported as timed out."""
 TOP = 5
 """How many of stock's best configs are compared timing by timing."""
+CORRECT_REL_ERR = 1e-2
+"""Largest error, relative to the reference's largest magnitude, that counts as correct: fp16
+outputs computed in fp32 stay well under it (about 1e-3); a wrong kernel is far over it."""
 
 
 # -- one scenario, in a fresh process -----------------------------------------------------------
@@ -253,7 +256,8 @@ def report(results: dict[tuple[str, str], dict[str, Any]], info: str) -> str:
         lines.append(
             f"| {kernel} | {r['configs']} | {mode} | {first} | {ratio} | {r['process_s']:.1f} | "
             f"{r.get('compiles', '')} | `{r['best']}` | "
-            f"{'' if stock_time is None else f'{stock_time:.4f}'} | {r['rel_err']:.1e} |"
+            f"{'' if stock_time is None else f'{stock_time:.4f}'} | {r['rel_err']:.1e} "
+            f"{'ok' if r['rel_err'] <= CORRECT_REL_ERR else 'WRONG'} |"
         )
     ours, threads = results.get(("matmul", "ours"), {}), results.get(("matmul", "threads"), {})
     if "first_call_s" in ours and "first_call_s" in threads:
@@ -275,21 +279,41 @@ def report(results: dict[tuple[str, str], dict[str, Any]], info: str) -> str:
 
 
 def _machine() -> str:
+    """GPU, cores, versions and date; the parent never opens a CUDA context of its own."""
+    import importlib.metadata
     import platform
 
     try:
-        import torch
+        gpu = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
+    except (OSError, subprocess.SubprocessError, IndexError):
+        gpu = "GPU unknown"
 
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-        versions = f"torch {torch.__version__}"
-    except ImportError:
-        gpu, versions = "?", "no torch"
-    import triton
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
 
     return (
-        f"{gpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {versions}, "
-        f"Triton {triton.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"{gpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
+        f"{version('torch')}, Triton {version('triton')}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
+
+
+def _write(out: Path, results: dict[tuple[str, str], dict[str, Any]], machine: str) -> None:
+    out.write_text(report(results, machine) + "\n")
+    raw = {f"{k} {m}": r for (k, m), r in results.items()}
+    out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown kernels {unknown}; choose from {', '.join(KERNELS)}")
     wanted = set(filter(None, args.modes.split(",")))
     results: dict[tuple[str, str], dict[str, Any]] = {}
+    machine = _machine()
     started = time.perf_counter()
     for kernel in kernels:
         for mode in MODES_OF.get(kernel, DEFAULT_MODES):
@@ -334,12 +359,12 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             results[(kernel, mode)] = _median_run(runs)
-    text = report(results, _machine())
+            if args.out:  # after every scenario, so a run cut short still leaves its table
+                _write(args.out, results, machine)
+    text = report(results, machine)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
-        raw = {f"{k} {m}": r for (k, m), r in results.items()}
-        args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
+        _write(args.out, results, machine)
     ratios = [
         results[(k, "stock")]["first_call_s"] / r["first_call_s"]
         for (k, m), r in results.items()

@@ -225,6 +225,24 @@ def test_options_refuse_the_fork_path(dask_cluster: Any) -> None:
         assert executor.options(path="spawn").submit(abs, -2).result(timeout=WAIT_S) == 2
 
 
+def test_wait_for_all_on_ctrl_c_kills_tasks_running_on_nodes(dask_cluster: Any) -> None:
+    # wait_for_all kills what still runs through kill_running_futures, which reaches every
+    # backend of the process (docs/design.md, "A backend"): here a task looping on a node.
+    from precompile_executor import kill_running_futures
+
+    _, client, _ = dask_cluster
+    with DaskPrecompileExecutor(client, max_workers_per_node=1) as executor:
+        looping = executor.submit(crashers.python_loop)
+        deadline = time.monotonic() + WAIT_S
+        while not looping.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert looping.running()
+        kill_running_futures([looping])
+        error = looping.exception(timeout=WAIT_S)
+        assert isinstance(error, WorkerCrashedError)
+        assert executor.submit(abs, -3).result(timeout=WAIT_S) == 3
+
+
 @pytest.mark.timeout(90)
 def test_daemonic_workers_are_refused_in_one_line() -> None:
     import dask

@@ -595,6 +595,34 @@ def test_streaming_benchmarks_in_completion_order_straggler_later_timeout_stays(
     assert results[0].compile_time > results[2].compile_time > results[1].compile_time
 
 
+@pytest.mark.timeout(240)
+def test_streaming_a_raise_verdict_aborts_the_batch_and_kills_the_rest(tmp_path: Path) -> None:
+    measured: list[tuple[Any, float]] = []
+    with (
+        PrecompileExecutor(4) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _configs(bound, 3)
+        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+        for config, fault in zip(configs, ["hang", "raise", "hang"], strict=True):
+            fn = bound.compile_config(config)
+            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)
+            _inject(bound, config, fault)
+        provider = _streaming_provider(
+            bound, args, measured, autotune_compile_timeout=120, autotune_precompile_jobs=4
+        )
+        provider.setup()
+        try:
+            with pytest.raises(helion_exc.TritonError, match="injected compiler bug"):
+                provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+    assert measured == []
+    # the two hanging children were killed: the autouse leak check of conftest.py sees to it
+
+
 def test_every_search_gets_the_streaming_provider(executor: PrecompileExecutor) -> None:
     """PatternSearch and LFBO do not forward benchmark_provider_cls: the seam chooses it."""
     from helion.autotuner.base_search import BaseSearch

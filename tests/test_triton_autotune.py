@@ -56,6 +56,7 @@ SM90_MAX_SHARED_BYTES = 232448
 """The opt-in shared memory per block of an H100/H200 (227 KiB): what Triton checks at load."""
 TASK_TIMEOUT_S = 60.0
 """Per-compile timeout of the test executor, so a hung compiler cannot hang a test."""
+LOGGER = "precompile_executor.triton.autotune"
 HANG_TIMEOUT_S = 8.0
 """Per-compile timeout of the executor that meets the hanging compile (its cost in the test)."""
 
@@ -113,13 +114,30 @@ def asm_jit(x_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
 
 
 class FakeTensor:
-    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address."""
+    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address.
 
-    def __init__(self, dtype: Any) -> None:
+    ``zero_``, ``clone`` and ``copy_`` (what ``reset_to_zero``/``restore_value`` call) are
+    recorded in ``log``.
+    """
+
+    def __init__(self, dtype: Any, log: list[str] | None = None) -> None:
         self.dtype = dtype
+        self.log = log if log is not None else []
 
     def data_ptr(self) -> int:
         return 1 << 20
+
+    def zero_(self) -> FakeTensor:
+        self.log.append("zero_")
+        return self
+
+    def clone(self) -> FakeTensor:
+        self.log.append("clone")
+        return FakeTensor(self.dtype, self.log)
+
+    def copy_(self, other: FakeTensor) -> FakeTensor:
+        self.log.append("copy_")
+        return self
 
 
 class DryRunGPU(CompileOnlyDriver):
@@ -410,6 +428,48 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
 
 
 @pytest.mark.timeout(180)
+def test_hooks_resets_and_restores_run_as_in_stock_triton(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    def autotune_once(dry_gpu: DryRunGPU, in_workers: bool) -> tuple[list[Any], Any]:
+        events: list[Any] = []
+        configs = [
+            triton.Config({"BLOCK": 128}, num_warps=4),
+            triton.Config(
+                {"BLOCK": 256}, num_warps=4, pre_hook=lambda nargs: events.append("config hook")
+            ),
+            triton.Config({"BLOCK": 512}, num_warps=8),
+        ]
+        x, out = FakeTensor(tl.float32, events), FakeTensor(tl.float32, events)
+        kernel = triton.autotune(
+            configs=configs,
+            key=["n"],
+            reset_to_zero=["out_ptr"],
+            restore_value=["x_ptr"],
+            do_bench=Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+        )(double_jit)
+        if in_workers:
+            with pe_autotune.use(executor):
+                kernel[GRID](x, out, 4096)
+        else:
+            kernel[GRID](x, out, 4096)
+        timings = {str(c): t for c, t in kernel.configs_timings.items()}
+        return sorted(events), (str(kernel.best_config), timings, dry_gpu.launches[-1])
+
+    ours = autotune_once(gpu, in_workers=True)
+    stock_gpu = DryRunGPU()  # a fresh device: stock compiles (from the disk cache) in-process
+    driver.set_active(stock_gpu)
+    try:
+        stock = autotune_once(stock_gpu, in_workers=False)
+    finally:
+        driver.set_active(gpu)
+        double_jit.device_caches.pop(stock_gpu.device, None)
+    assert ours == stock
+    assert ours[0].count("zero_") == 4  # once per config, once more to reset after tuning
+    assert ours[0].count("config hook") == 2  # its benchmark, and the call that used it
+
+
+@pytest.mark.timeout(180)
 def test_cache_results_a_disk_hit_compiles_nothing(
     executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
 ) -> None:
@@ -509,7 +569,7 @@ def test_a_crashing_and_a_hanging_compile_get_inf_and_the_caller_lives(
     )
     with (
         PrecompileExecutor(2, timeout=HANG_TIMEOUT_S, classify=classify) as pool,
-        caplog.at_level(logging.WARNING, logger="precompile_executor.triton.autotune"),
+        caplog.at_level(logging.WARNING, logger=LOGGER),
         pe_autotune.use(pool),
     ):
         kernel[GRID](*_double_args())
@@ -519,7 +579,7 @@ def test_a_crashing_and_a_hanging_compile_get_inf_and_the_caller_lives(
     assert kernel.best_config is configs[0]
     assert gpu.launches[-1]["BLOCK"] == 128 and gpu.launches[-1]["FAULT"] == 0
     assert (stats.crashed, stats.timed_out) == (1, 1)
-    warnings = [r.getMessage() for r in caplog.records]
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(warnings) == 2, warnings
     crashed = next(w for w in warnings if "crashed its worker" in w)
     assert "FAULT: 1" in crashed and "Segmentation fault" in crashed  # faulthandler's report
@@ -582,7 +642,7 @@ def test_gpu_a_segfault_and_a_hang_in_one_config_each_leave_a_correct_autotune(
     with (
         knobs.cache.scope(),
         PrecompileExecutor(4, timeout=HANG_TIMEOUT_S, classify=classify) as pool,
-        caplog.at_level(logging.WARNING, logger="precompile_executor.triton.autotune"),
+        caplog.at_level(logging.WARNING, logger=LOGGER),
         pe_autotune.use(pool),
     ):
         knobs.cache.dir = str(tmp_path / "cache")
@@ -594,4 +654,4 @@ def test_gpu_a_segfault_and_a_hang_in_one_config_each_leave_a_correct_autotune(
     timings = {c.kwargs["FAULT"]: t for c, t in kernel.configs_timings.items()}
     assert timings[1] == [float("inf")] * 3 and timings[2] == [float("inf")] * 3
     assert (stats.crashed, stats.timed_out) == (1, 1)
-    assert len(caplog.records) == 2
+    assert len([r for r in caplog.records if r.name == LOGGER]) == 2

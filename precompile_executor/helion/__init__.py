@@ -1,32 +1,41 @@
-"""Helion integration: Helion's autotuner precompiles on a :class:`PrecompileExecutor`.
+"""Helion integration: Helion's autotuner precompiles on a :class:`PrecompileExecutor` and
+benchmarks each config as soon as its precompile lands.
 
 One line, scoped::
 
     import precompile_executor.helion
 
-    ex = PrecompileExecutor(16, initializer=precompile_executor.helion.import_helion)
-    with precompile_executor.helion.use(ex):
+    with precompile_executor.helion.use():
         kernel.autotune(args)            # autotune_precompile="fork" or "spawn", as usual
 
-or process-wide: ``precompile_executor.helion.install(ex)`` (``uninstall()`` undoes it).
+or process-wide: ``precompile_executor.helion.install()`` (``uninstall()`` undoes it). Without an
+argument both build the process's executor for Helion once (``import_helion`` in the warm
+template, the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warm
+it in the background; ``use(ex)`` takes an executor of your own.
 
+* **Streaming**: every search's benchmark provider becomes :class:`StreamingBenchmarkProvider`,
+  which submits each config's precompile as soon as Helion generated its code and benchmarks each
+  config as soon as its precompile succeeds, in completion order; each result is Helion's own.
 * Helion's **fork** mode compiles each config in a child forked by the executor's fork path
   (compile only, no CUDA in the child); a failed compile is reported as failed (Helion 1.5.1's own
   fork child exits 0 and records it as ok).
 * Helion's **spawn** mode runs each config once, between device synchronisations, on the
   executor's warm spawn workers: each worker loads a generated module once per source and the
   kernel arguments once per batch, and a sticky CUDA error fails only its config and replaces
-  its worker.
+  its worker. A cross-process GPU lease keeps worker runs off the GPU while Helion measures.
 
 Timeouts (``autotune_compile_timeout``) count from each task's real start and kill its process
 group; Helion's classification decides what aborts the autotune ("raise" →
 ``helion.exc.TritonError``; ``autotune_ignore_errors`` respected); Ctrl-C kills every running
-task. Only Helion 1.5.1 is supported: :func:`use` checks the version and the seam's signatures and
-refuses anything else with :class:`UnsupportedHelionError`, patching nothing. See
+task. Only Helion 1.5.1 is supported: :func:`use` checks the version and every signature it relies
+on and refuses anything else with :class:`UnsupportedHelionError`, patching nothing. See
 ``docs/helion.md``.
 
-Importing this module imports neither Helion nor torch; :func:`use` imports Helion.
+Importing this module imports neither Helion nor torch; :func:`use` imports Helion, and so does
+reading ``StreamingBenchmarkProvider``.
 """
+
+from typing import Any
 
 from ._seam import (
     SUPPORTED_HELION_VERSIONS,
@@ -42,6 +51,7 @@ from ._spawn_task import import_helion
 
 __all__ = [
     "SUPPORTED_HELION_VERSIONS",
+    "StreamingBenchmarkProvider",
     "UnsupportedHelionError",
     "check_helion",
     "helion_version",
@@ -51,3 +61,12 @@ __all__ = [
     "uninstall",
     "use",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The provider subclasses Helion's: importing it imports Helion, so only on demand.
+    if name == "StreamingBenchmarkProvider":
+        from ._provider import StreamingBenchmarkProvider
+
+        return StreamingBenchmarkProvider
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -309,6 +309,8 @@ class Stream:
         self._handed = 0
         self._input_closed = False
         self._closed = False
+        self.waited_s = 0.0
+        """Seconds :meth:`settled` spent waiting for the next task to finish (statistics)."""
 
     def __enter__(self) -> Stream:
         return self
@@ -347,11 +349,14 @@ class Stream:
                 self._submit_more()
                 if self._input_closed and self._handed == len(self._all):
                     return
+            t0 = time.perf_counter()
             try:
                 hf = self._finished.get(timeout=POLL_S)
             except queue.Empty:
                 self._note_starts()
                 continue
+            finally:
+                self.waited_s += time.perf_counter() - t0
             with self._lock:
                 self._handed += 1
             _settle(hf)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from .. import PrecompileExecutor
 from . import _installed
@@ -52,15 +53,21 @@ def default_executor() -> PrecompileExecutor:
         return _default
 
 
-def _cuda_device() -> tuple[int | None, str | None]:
-    """The current CUDA device and its Triton target (``"cuda:90"``), or ``(None, None)``."""
+def _cuda_device() -> tuple[int | str | None, str | None]:
+    """The current CUDA device (for ``devices=``) and its Triton target (``"cuda:90"``), or
+    ``(None, None)`` without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
         return None, None
     index = torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
-    return index, f"cuda:{major}{minor}"
+    target = f"cuda:{major}{minor}"
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        # This process's index 0 need not be the machine's GPU 0: name it by its UUID.
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return (uuid if uuid.startswith("GPU-") else "GPU-" + uuid), target
+    return index, target
 
 
 def default_mode_is_spawn() -> bool:
@@ -87,11 +94,23 @@ def start_default_warm_up() -> None:
         _warming.start()
 
 
+_times: dict[str, float] = {}
+"""``time.monotonic()`` when the warm-up started and ended (statistics for benchmarks)."""
+
+
 def _warm_up(executor: PrecompileExecutor) -> None:
+    _times["started"] = time.monotonic()
     try:
         executor.warm_up()
     except Exception as error:  # noqa: BLE001 - tasks start workers on demand anyway
         log.warning("warming Helion's precompile workers failed (they start on demand): %s", error)
+    finally:
+        _times["ended"] = time.monotonic()
+
+
+def warm_up_times() -> dict[str, float]:
+    """When the background warm-up started and ended (``time.monotonic()``), as far as known."""
+    return dict(_times)
 
 
 def warming() -> bool:

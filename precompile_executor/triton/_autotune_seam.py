@@ -131,6 +131,15 @@ def _seam_problems() -> list[str]:
         for c in do_compile.__code__.co_consts
     ):
         problems.append("JITFunction._do_compile no longer submits an async_compile closure")
+    if inspect.isfunction(do_compile) and not any(
+        isinstance(c, types.CodeType)
+        and c.co_name == "finalize_compile"
+        and {"kernel_cache", "key"} <= set(c.co_freevars)
+        for c in do_compile.__code__.co_consts
+    ):
+        problems.append(
+            "JITFunction._do_compile's finalize_compile no longer closes over kernel_cache and key"
+        )
     mode = getattr(_async_compile, "AsyncCompileMode", None)
     if mode is None or not callable(getattr(mode, "submit", None)):
         problems.append("triton.runtime._async_compile.AsyncCompileMode.submit is missing")

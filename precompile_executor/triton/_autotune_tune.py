@@ -16,8 +16,9 @@
       self.fn.run(best config)                Triton's own launch
     close(): cancel what is still queued; drop our entries from the JIT's memory
 
-A compile that crashed or hung its worker (``WorkerCrashedError``, ``TaskTimeoutError``; any
-``BrokenExecutor``, ``TimeoutError`` or cancellation) is timed ``inf`` without a launch and logged
+A compile that crashed or hung its worker (``WorkerCrashedError`` — a node lost by a cluster
+backend is one too —, ``TaskTimeoutError``; a stdlib pool's ``BrokenExecutor``, any
+``TimeoutError``, a cancellation) is timed ``inf`` without a launch and logged
 once with the worker's captured output. Any other failed compile is left to Triton: the JIT's
 cache holds a stand-in that raises the worker's exception (a proxy of the same class) at launch,
 so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and ``CompileTimeAssertionFailure`` to
@@ -27,6 +28,7 @@ fails, Triton's final launch raises it. Nothing failed is ever compiled again in
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import logging
@@ -36,8 +38,8 @@ from typing import Any
 
 from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
-from triton.runtime.driver import driver
 
+from .._errors import WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._kernel_ref import unwrap_jit_function
 from ._submit import default_executor
@@ -160,7 +162,7 @@ class _Entry:
 def is_isolation_failure(exc: BaseException) -> bool:
     """Return whether a compile failed by crashing, hanging or losing its worker (not a
     compiler error): Triton would have died or hung with it, so it is timed ``inf``."""
-    return isinstance(exc, BrokenExecutor | TimeoutError | CancelledError)
+    return isinstance(exc, WorkerCrashedError | BrokenExecutor | TimeoutError | CancelledError)
 
 
 class Tune:
@@ -223,11 +225,10 @@ class Tune:
                 )
         finally:
             _async_compile.active_mode.reset(token)
-        cache = _kernel_cache(self.autotuner)
         for one in compiled:
             kernel = one.kernel
             future = kernel.future if isinstance(kernel, FutureKernel) else None
-            key = _key_of(cache, kernel) if future is not None else None
+            cache, key = jit_cache_slot(kernel) if future is not None else (None, None)
             self._entries[one.config] = _Entry(one, future, cache, key)
             if one.error is not None:
                 logger.debug(
@@ -260,6 +261,14 @@ class Tune:
         try:
             entry.outcome = self._measure(entry, bench)
         except Exception as exc:  # noqa: BLE001 - re-raised on the config's turn in the loop
+            logger.debug(
+                "%s: config %s raised %s: %s (Triton's loop raises it on that config's turn)",
+                _name(self.autotuner),
+                entry.config,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
             entry.outcome = exc
             entry.measured = True
             return False
@@ -324,17 +333,25 @@ class Tune:
                 del entry.cache[entry.key]
 
 
-def _kernel_cache(autotuner: Any) -> dict[Any, Any] | None:
-    """Return the JIT's in-memory kernel cache for the current device."""
-    jit = unwrap_jit_function(autotuner)
-    caches = jit.device_caches.get(driver.active.get_current_device())
-    return caches[0] if caches else None
+def jit_cache_slot(future_kernel: Any) -> tuple[dict[Any, Any] | None, Any]:
+    """Return the JIT's in-memory kernel cache and key that ``future_kernel`` finalizes into.
 
-
-def _key_of(cache: dict[Any, Any] | None, kernel: Any) -> Any:
-    if cache is None:
-        return None
-    return next((key for key, value in cache.items() if value is kernel), None)
+    ``JITFunction._do_compile`` (3.6 to 3.9) gives each ``FutureKernel`` a ``finalize_compile``
+    closure over ``kernel_cache`` and ``key``; it is the only place both versions keep them
+    (3.9 also puts the ``FutureKernel`` itself in the cache, 3.6 does not).
+    """
+    finalize = getattr(future_kernel, "finalize_compile", None)
+    code = getattr(finalize, "__code__", None)
+    cells = getattr(finalize, "__closure__", None) or ()
+    captured: dict[str, Any] = {}
+    if code is not None:
+        for name, cell in zip(code.co_freevars, cells, strict=False):
+            with contextlib.suppress(ValueError):  # an empty cell has no contents
+                captured[name] = cell.cell_contents
+    cache = captured.get("kernel_cache")
+    if not isinstance(cache, dict) or "key" not in captured:
+        return None, None
+    return cache, captured["key"]
 
 
 def _name(autotuner: Any) -> str:
