@@ -169,7 +169,7 @@ class Hub:
         # left 64 idle threads for the process's life).
         self._jobs = JobPool(JOB_THREADS, "precompile-job")
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
-        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump)
+        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump, self._submit_job)
         self._thread = threading.Thread(
             target=self._monitor, name="precompile-monitor", daemon=True
         )
