@@ -606,6 +606,25 @@ def test_when_every_compile_crashes_the_call_raises_the_crash_and_the_caller_liv
     assert compile_log.events == []  # nor compiled here, which would have killed this process
 
 
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_the_benchmarks_stops_every_compile_of_the_tune(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    def interrupted(kernel_call: Callable[[], None], quantiles: Any = None) -> list[float]:
+        raise KeyboardInterrupt
+
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=interrupted)(double_jit)
+    with pe_autotune.use(executor), pytest.raises(KeyboardInterrupt):
+        kernel[GRID](*_double_args(8192))
+    stats = executor.statistics()
+    assert (stats.queued, stats.running) == (0, 0)  # cancelled or killed, not left running
+    assert not kernel.cache  # Triton learnt nothing from the interrupted tune
+    assert all(
+        type(v).__name__ == "CompiledKernel"
+        for v in double_jit.device_caches[gpu.device][0].values()
+    )  # no stand-in or unfinished compile left in the JIT's memory
+
+
 def test_the_public_surface_is_documented() -> None:
     for name in pe_autotune.__all__:
         obj = getattr(pe_autotune, name)

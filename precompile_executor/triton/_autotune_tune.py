@@ -16,14 +16,15 @@
       self.fn.run(best config)                Triton's own launch
     close(): cancel what is still queued; drop our entries from the JIT's memory
 
-A compile that crashed or hung its worker (``WorkerCrashedError`` — a node lost by a cluster
-backend is one too —, ``TaskTimeoutError``; a stdlib pool's ``BrokenExecutor``, any
-``TimeoutError``, a cancellation) is timed ``inf`` without a launch and logged
-once with the worker's captured output. Any other failed compile is left to Triton: the JIT's
-cache holds a stand-in that raises the worker's exception (a proxy of the same class) at launch,
-so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and ``CompileTimeAssertionFailure`` to
-``inf`` and lets anything else propagate, exactly as stock Triton does, and if every config
-fails, Triton's final launch raises it. Nothing failed is ever compiled again in this process.
+A compile that crashed, hung or outgrew its worker (``WorkerCrashedError`` — a node lost by a
+cluster backend is one too —, ``TaskTimeoutError``, ``TaskMemoryError``; a stdlib pool's
+``BrokenExecutor``, any ``TimeoutError``, a cancellation) is timed ``inf`` without a launch
+and logged once with the worker's captured output. Any other failed compile is left to Triton:
+the JIT's cache holds a stand-in that raises the worker's exception (a proxy of the same class)
+at launch, so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and
+``CompileTimeAssertionFailure`` to ``inf`` and lets anything else propagate, exactly as stock
+Triton does, and if every config fails, Triton's final launch raises it. Nothing failed is ever
+compiled again in this process.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 
-from .._errors import WorkerCrashedError
+from .._errors import TaskMemoryError, WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._kernel_ref import unwrap_jit_function
 from ._submit import default_executor
@@ -162,7 +163,10 @@ class _Entry:
 def is_isolation_failure(exc: BaseException) -> bool:
     """Return whether a compile failed by crashing, hanging or losing its worker (not a
     compiler error): Triton would have died or hung with it, so it is timed ``inf``."""
-    return isinstance(exc, WorkerCrashedError | BrokenExecutor | TimeoutError | CancelledError)
+    return isinstance(
+        exc,
+        WorkerCrashedError | TaskMemoryError | BrokenExecutor | TimeoutError | CancelledError,
+    )
 
 
 class Tune:
@@ -176,17 +180,29 @@ class Tune:
         configs: the pruned configs, once ``prune_configs`` has run.
     """
 
+    # One is made per launch of an autotuned kernel while the mode is on: keep it small.
+    __slots__ = (
+        "_adapter",
+        "_args",
+        "_entries",
+        "_executor",
+        "_kwargs",
+        "_logged",
+        "autotuner",
+        "configs",
+    )
+
     def __init__(
         self, autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]
     ) -> None:
         self.autotuner = autotuner
         self.configs: list[Any] | None = None
         self._executor = executor
-        self._args = tuple(args)
-        self._kwargs = {k: v for k, v in kwargs.items() if k not in _LAUNCH_ONLY}
+        self._args = args
+        self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
         self._adapter: TritonCompileExecutor | None = None
         self._entries: dict[Any, _Entry] = {}
-        self._logged: set[int] = set()
+        self._logged: set[int] | None = None
 
     def covers(self, config: Any) -> bool:
         """Return whether ``config`` is one of this tune's pruned configs."""
@@ -220,9 +236,8 @@ class Tune:
             # Queue every config before any starts, so the executor starts the longest
             # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
             with holding_batch(executor):
-                compiled = compile_configs(
-                    self.autotuner, self._args, self._kwargs, configs, adapter
-                )
+                kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
+                compiled = compile_configs(self.autotuner, self._args, kwargs, configs, adapter)
         finally:
             _async_compile.active_mode.reset(token)
         for one in compiled:
@@ -290,16 +305,19 @@ class Tune:
         return bench(entry.config)
 
     def _log_isolated(self, entry: _Entry, exc: BaseException) -> None:
+        if self._logged is None:
+            self._logged = set()
         if id(entry.future) in self._logged:
             return
         self._logged.add(id(entry.future))
-        what = (
-            "timed out"
-            if isinstance(exc, TimeoutError)
-            else "was cancelled"
-            if isinstance(exc, CancelledError)
-            else "crashed its worker"
-        )
+        if isinstance(exc, TimeoutError):
+            what = "timed out"
+        elif isinstance(exc, TaskMemoryError):
+            what = "was killed past its memory limit"
+        elif isinstance(exc, CancelledError):
+            what = "was cancelled"
+        else:
+            what = "crashed its worker"
         output = getattr(exc, "captured_output", "") or "(none)"
         logger.warning(
             "%s: the compile of config %s %s (%s: %s); timed as inf, the autotune goes on. "
