@@ -14,7 +14,10 @@ then reports, in one run:
    ``TaskMemoryError``, the seconds from its crossing the limit to its future failing, and the
    innocent ones succeed;
 5. the parent's CPU seconds for ``3 × workers`` 0.5 s sleeps with and without a limit (the
-   watcher's cost).
+   watcher's cost);
+6. ``max_tasks_per_child=1`` against none, side by side, per start mode: the median round trip
+   of a task when every task needs a new worker (``--recycle-only`` runs just this part, with
+   no torch, so it runs anywhere).
 
 Machine, versions and date are printed with the figures.
 """
@@ -60,19 +63,47 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def recycling(rounds: int = 15) -> None:
+    """Median round trip of ``os.getpid`` on one worker: recycled after every task or not."""
+    import statistics
+
+    print("\n| start | max_tasks_per_child | median round trip ms | distinct pids |")
+    print("|---|---|---|---|")
+    for start in ("template", "interpreter"):
+        for limit in (None, 1):
+            with pe.PrecompileExecutor(1, start=start, max_tasks_per_child=limit) as ex:
+                ex.warm_up(timeout=600)
+                ex.submit(os.getpid).result(timeout=600)
+                times, pids = [], set()
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    pids.add(ex.submit(os.getpid).result(timeout=600))
+                    times.append(time.perf_counter() - t0)
+            median = statistics.median(times) * 1e3
+            print(f"| {start} | {limit} | {median:.1f} | {len(pids)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--recycle-only", action="store_true")
     args = parser.parse_args()
     n = args.workers
+    import loky
+
+    head = (
+        f"# limits_probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"{platform.node()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"loky {loky.__version__}"
+    )
+    if args.recycle_only:
+        print(head)
+        recycling()
+        return
     import torch
     import triton
 
-    print(
-        f"# limits_probe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-        f"{platform.node()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-        f"torch {torch.__version__}, triton {triton.__version__}, {n} workers"
-    )
+    print(f"{head}, torch {torch.__version__}, triton {triton.__version__}, {n} workers")
     with pe.PrecompileExecutor(n, initializer=import_torch_triton, memory_limit=LIMIT) as ex:
         pids = ex.warm_up(timeout=600)
         print(f"start mode: {ex.statistics().start} {ex.statistics().start_note or ''}")
@@ -141,6 +172,7 @@ def main() -> None:
                 f"{3 * n} sleeps of 0.5 s, memory_limit={limit}: parent CPU "
                 f"{_cpu_s() - cpu:.2f} s over {time.perf_counter() - wall:.2f} s wall"
             )
+    recycling()
 
 
 if __name__ == "__main__":

@@ -247,6 +247,11 @@ class Core:
         if blocked != self.memory_blocked:
             # While blocked, the memory watcher pumps this core every round: memory freed by
             # another executor or program lets the queue go on (_memory.py).
+            log.debug(
+                "queued tasks %s for memory (%d bytes reserved by running limited tasks)",
+                "wait" if blocked else "no longer wait",
+                self.hub.memory.reserved(),
+            )
             self.memory_blocked = blocked
             self.hub.memory.wait_for_memory(self, blocked)
         actions += self._start_workers()
@@ -831,7 +836,10 @@ class Core:
                 start_note=self.start_note(),
                 memory_killed=self.memory_killed,
                 waiting_for_memory=(
-                    min(len(queued), self.max_workers - len(self.in_flight))
+                    min(
+                        sum(1 for t in queued if t.future_running or not t.future.cancelled()),
+                        max(0, self.max_workers - len(self.in_flight)),
+                    )
                     if self.memory_blocked
                     else 0
                 ),

@@ -58,7 +58,7 @@ from ._errors import (
 )
 from ._fork import fork_task
 from ._jobs import JobPool
-from ._memory import MemoryGuard, anon_bytes
+from ._memory import MemoryGuard, anon_bytes, kill_now
 from ._messages import (
     Done,
     Exited,
@@ -129,7 +129,7 @@ class Hub:
         # burst of kills must not leave 64 idle threads for the process's life).
         self._jobs = JobPool(JOB_THREADS, "precompile-job")
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
-        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump)
+        self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump, self.submit_job)
         self.monitor = Monitor(self.address, self)
         # threading's exit hooks run last-registered first, before atexit's and before the
         # thread pools are joined: registered after the import of ThreadPoolExecutor, ours runs
@@ -515,7 +515,8 @@ class Hub:
             task.doom = Doom("memory", time.monotonic())
             task.memory_peak = peak
         log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
-        self.submit_job(_process.kill_group, pid, 0.0)
+        kill_now(pid)
+        self.submit_job(_process.kill_group, pid, 0.0)  # waits for them; catches stragglers
 
     def _repump(self, core: Any) -> None:
         """Memory may have freed: let ``core``'s queue go on (memory watcher, no lock held)."""

@@ -9,7 +9,8 @@ when the task started:
 
 RSS comes from ``/proc/<pid>/statm`` (microseconds per process, so every group is sampled every
 :data:`SAMPLE_INTERVAL_S`); ``shared`` is ``Shared_Clean + Shared_Dirty`` of
-``/proc/<pid>/smaps_rollup``, read once per task (milliseconds: it walks the page tables). The
+``/proc/<pid>/smaps_rollup``, read once per task on a job thread (milliseconds: it walks the
+page tables; a batch starting 16 tasks at once must not hold up the other groups' samples). The
 result is close to the group's USS — the memory its death gives back — which is the measure a
 limit should use here: a worker forked from a warm template shares the template's pages (torch,
 Triton: hundreds of MB) copy-on-write, so its RSS charges every worker for the same pages (and a
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -114,6 +116,19 @@ def group_members(pid: int) -> list[int]:
     return members
 
 
+def kill_now(pid: int) -> None:
+    """SIGKILL the group ``pid`` leads and every descendant, at once: the members are found
+    through the children lists (microseconds), not by a scan of every process (psutil's
+    ``children()``: tens of ms on a busy machine), so the memory comes back sooner. The caller
+    still waits for them with :func:`._process.kill_group`."""
+    members = group_members(pid)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    for member in members:
+        with contextlib.suppress(OSError):
+            os.kill(member, signal.SIGKILL)
+
+
 def group_rss(pid: int) -> int:
     """Σ RSS of ``pid`` and its descendants."""
     return sum(rss_bytes(member) for member in group_members(pid))
@@ -142,6 +157,7 @@ class MemoryGuard:
         repump: called (watcher thread, no lock held) for each core waiting for memory, every
             sample round, so memory freed elsewhere — another executor, another program —
             lets its queue go on.
+        submit: runs ``fn(*args)`` on a background job thread (the hub's job pool).
     """
 
     def __init__(
@@ -149,10 +165,12 @@ class MemoryGuard:
         lock: threading.RLock,
         on_exceeded: Callable[[Any, int, int], None],
         repump: Callable[[Any], None],
+        submit: Callable[..., None],
     ) -> None:
         self._lock = lock
         self._on_exceeded = on_exceeded
         self._repump = repump
+        self._submit = submit
         self._reserved: dict[Any, int] = {}  # key (a task) → its limit, from dispatch to close
         self._watched: dict[Any, _Watched] = {}  # key → what is sampled (a started task)
         self._waiting: set[Any] = set()  # cores whose head task waits for memory
@@ -183,7 +201,10 @@ class MemoryGuard:
         """``key`` started in the group of ``pid``: sample it from now on (lock held).
         ``fork_anon``: ``pid`` is a fork-path child, forked when the caller held that much
         anonymous memory (:func:`anon_bytes` just before the fork)."""
-        self._watched[key] = _Watched(key, pid, limit, fork_anon)
+        entry = _Watched(key, pid, limit, fork_anon)
+        self._watched[key] = entry
+        if fork_anon is None:
+            self._submit(self._measure_shared, entry)  # sampled once it is known
         self._ensure_thread()
 
     def wait_for_memory(self, core: Any, waiting: bool) -> None:
@@ -226,15 +247,21 @@ class MemoryGuard:
                 self._repump(core)
             time.sleep(max(0.0, SAMPLE_INTERVAL_S - (time.monotonic() - round_start)))
 
+    @staticmethod
+    def _measure_shared(entry: _Watched) -> None:
+        """What the worker shares when its task starts (a job thread: milliseconds)."""
+        entry.shared = shared_bytes(entry.pid)
+
     def _sample(self, entry: _Watched) -> None:
         if entry.fork_anon is not None:
             members = group_members(entry.pid)
             leader = anon_bytes(entry.pid) - entry.fork_anon
             charge = max(0, leader + sum(rss_bytes(m) for m in members[1:]))
         else:
-            if entry.shared is None:
-                entry.shared = shared_bytes(entry.pid)
-            charge = max(0, group_rss(entry.pid) - entry.shared)
+            shared = entry.shared
+            if shared is None:
+                return  # its baseline is being read (a job); until then nothing is known
+            charge = max(0, group_rss(entry.pid) - shared)
         entry.last = charge
         entry.peak = max(entry.peak, charge)
         if charge > entry.limit:

@@ -30,7 +30,7 @@ def private_bytes() -> int:
     return total
 
 
-def allocate(total_bytes: int, step_bytes: int = 32 * MIB, hold_s: float = 30.0) -> int:
+def allocate(total_bytes: int, step_bytes: int = 8 * MIB, hold_s: float = 30.0) -> int:
     """Allocate ``total_bytes`` in steps, touching every page; print this process's private
     memory before, then a wall-clock stamp and the total after each step (so a test can tell
     when a limit was crossed), then hold it."""

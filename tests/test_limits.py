@@ -32,7 +32,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 LIMIT = 256 * MIB
 DETECT_S = 0.5  # the acceptance of issue 24: killed within 0.5 s of crossing the limit
-SLACK = 16 * MIB  # interpreter noise around an allocation (its list, the print buffers)
+SLACK = 8 * MIB  # interpreter noise around an allocation (its list, the print buffers)
 
 
 def _fresh(scenario: str, *args: Any, timeout_s: float = 90.0) -> Any:
