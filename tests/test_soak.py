@@ -72,6 +72,7 @@ class _Soak:
         self.ids = itertools.count(1)
         self.violations: list[str] = []
         self.busy_kills: dict[int, int] = {}  # tid -> pid killed while that task ran
+        self.killed_at: dict[int, float] = {}  # tid -> just after its busy kill was sent
         self.ambiguous_pids: set[int] = set()  # a busy kill whose task ended around the kill
         self.epoch_workers: dict[int, int] = {}
 
@@ -167,6 +168,7 @@ class _Soak:
                 except ProcessLookupError:
                     continue
                 self.busy_kills[record.tid] = start.pid
+                self.killed_at[record.tid] = time.monotonic()
                 if (self.dir / f"{record.tid}.end").exists():
                     self.ambiguous_pids.add(start.pid)  # it ended just before the kill
                 return
@@ -330,7 +332,8 @@ class _Soak:
                 continue
             error = r.future.exception()
             if start is not None and start.at is not None:
-                end = self.end_of(r.tid) or start.at
+                # Killed before its first heartbeat: it ran until the kill at the latest.
+                end = self.end_of(r.tid) or self.killed_at.get(r.tid) or start.at
                 spans.setdefault(r.epoch, []).append((start.at, end, r.tid))
             if error is None:
                 if r.future.result() != r.tid:
@@ -363,11 +366,18 @@ class _Soak:
 
 
 def _peak_overlap(spans: list[tuple[float, float, int]]) -> tuple[int, list[int]]:
-    events = sorted([(s, 1, tid) for s, _, tid in spans] + [(e, -1, tid) for _, e, tid in spans])
+    """The most spans that overlap, and their tasks. At one instant, spans that end there end
+    before those that start there (back to back is one slot); a span of zero length (a task
+    killed before its first heartbeat) starts and then ends at its instant."""
+    events: list[tuple[float, int, int]] = []  # (time, order at that time, tid); order 1: start
+    for start, end, tid in spans:
+        events.append((start, 1, tid))
+        events.append((end, 0, tid) if end > start else (start, 2, tid))
+    events.sort()
     running: set[int] = set()
     peak, at = 0, []
-    for _, delta, tid in events:
-        if delta > 0:
+    for _, order, tid in events:
+        if order == 1:
             running.add(tid)
         else:
             running.discard(tid)
@@ -395,6 +405,15 @@ def test_randomized_interleavings_keep_every_invariant(tmp_path: Path) -> None:
         f"soak seed {seed} (replay: PE_SOAK_SEED={seed}); {summary}; "
         f"{len(soak.violations)} violations:\n" + "\n".join(soak.violations[:40])
     )
+
+
+def test_peak_overlap_counts_a_task_killed_before_its_first_beat_only_while_it_ran() -> None:
+    """A task killed before it wrote a heartbeat has a span of zero length when nothing better
+    is known: it must not count as running for the rest of the epoch."""
+    spans = [(1.0, 1.0, 38), (1.1, 1.2, 36), (1.15, 1.3, 41)]
+    assert _peak_overlap(spans) == (2, [36, 41])
+    assert _peak_overlap([(1.0, 2.0, 1), (2.0, 3.0, 2)]) == (1, [1])  # back to back: one slot
+    assert _peak_overlap([(1.0, 2.0, 1), (1.5, 1.5, 2), (1.2, 1.8, 3)]) == (3, [1, 2, 3])
 
 
 def _summary(records: list[_Record]) -> str:
