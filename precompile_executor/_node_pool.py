@@ -131,16 +131,26 @@ class NodePool:
         return pids
 
     def submit(
-        self, key: str, blob: bytes, timeout: float | None, with_output: bool
+        self,
+        key: str,
+        blob: bytes,
+        timeout: float | None,
+        with_output: bool,
+        memory_limit: int | None = None,
     ) -> Future[Any] | Outcome:
-        """Hand one pre-pickled call to the pool: its node-local future, or a refusal."""
+        """Hand one pre-pickled call to the pool: its node-local future, or a refusal.
+
+        ``memory_limit`` is enforced by the node-local pool as on one machine (the task's
+        process group on this node; past it: ``TaskMemoryError``)."""
         if self.executor is None:
             return refused("unavailable", self.error or "the node pool is not available")
         with self.lock:
             if key in self.early_kills:
                 self.early_kills.discard(key)
                 return refused("cancelled", "cancelled before it reached the node")
-            view = self.executor.options(timeout=timeout, with_output=with_output)
+            view = self.executor.options(
+                timeout=timeout, with_output=with_output, memory_limit=memory_limit
+            )
             local: Future[Any] = view.submit(call_blob, blob)
             self.tasks[key] = local
         return local

@@ -24,7 +24,11 @@ from test_faults import FAULTS, HANG_TIMEOUT_S, _assert_gone
 
 pytest.importorskip("distributed")
 
-from precompile_executor import WorkerCrashedError, WorkerStartError  # noqa: E402
+from precompile_executor import (  # noqa: E402
+    TaskMemoryError,
+    WorkerCrashedError,
+    WorkerStartError,
+)
 from precompile_executor.dask import DaskPrecompileExecutor, NodeLostError  # noqa: E402
 from precompile_executor.dask._plan import departed, free_slots, node_window, pick_node  # noqa: E402
 
@@ -83,6 +87,8 @@ def test_fault_fails_alone_on_a_node(
     with DaskPrecompileExecutor(client, max_workers_per_node=2) as executor:
         before = [executor.submit(crashers.square_and_log, i, str(log), 0.3) for i in range(3)]
         bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
+        if task is crashers.allocate_gib:  # enforced by the node's pool, as on one machine
+            bad_executor = executor.options(memory_limit=crashers.MEMORY_LIMIT_BYTES)
         args: tuple[Any, ...] = ()
         pid_file = tmp_path / "grandchild.pid"
         if task is crashers.hang_with_grandchild:
@@ -206,6 +212,7 @@ def test_initializer_and_window_reach_every_node(dask_cluster: Any) -> None:
         ({"initargs": [1]}, TypeError, "initargs must be a tuple"),
         ({"classify": "warn"}, TypeError, "classify must be callable"),
         ({"workers": "tcp://127.0.0.1:1"}, TypeError, "list of dask worker addresses"),
+        ({"memory_limit": 0}, ValueError, "memory_limit must be >= 1 byte"),
     ],
 )
 def test_bad_settings_fail_at_construction(
@@ -214,6 +221,18 @@ def test_bad_settings_fail_at_construction(
     _, client, _ = dask_cluster
     with pytest.raises(error, match=match):
         DaskPrecompileExecutor(client, **kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_the_constructors_memory_limit_is_enforced_on_the_nodes(dask_cluster: Any) -> None:
+    _, client, _ = dask_cluster
+    limit = crashers.MEMORY_LIMIT_BYTES
+    with DaskPrecompileExecutor(client, memory_limit=limit) as executor:
+        with pytest.raises(TypeError, match="memory_limit must be a number of bytes"):
+            executor.options(memory_limit="1G")
+        error = executor.submit(crashers.allocate_gib).exception(timeout=WAIT_S)
+        assert isinstance(error, TaskMemoryError) and error.limit_bytes == limit
+        assert executor.submit(crashers.square, 3).result(timeout=WAIT_S) == 9
 
 
 @pytest.mark.timeout(60)

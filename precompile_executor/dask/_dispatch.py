@@ -230,6 +230,7 @@ class State:
                 task.opts.timeout,
                 task.opts.with_output,
                 self.topic,
+                task.opts.memory_limit,
                 key=task.key,
                 workers=[task.node],
                 allow_other_workers=False,

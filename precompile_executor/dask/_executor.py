@@ -18,7 +18,13 @@ import cloudpickle
 
 from .._base import BaseExecutor, Call, Path, TaskOptions, failed_future, serialization_error
 from .._errors import AFTER_SHUTDOWN, Classification, WorkerStartError
-from .._validate import check_count, check_initializer, check_timeout, describe_unpicklable
+from .._validate import (
+    check_count,
+    check_initializer,
+    check_memory_limit,
+    check_timeout,
+    describe_unpicklable,
+)
 from . import _node
 from ._dispatch import DaskExecutorStatistics, NodeLostError, State
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -50,6 +56,10 @@ class DaskPrecompileExecutor(BaseExecutor[State]):
             node; must pickle).
         max_workers_per_node: most tasks one node runs at once; default its dask thread count.
         workers: use only these dask worker addresses (default: every worker, joiners included).
+        memory_limit: bytes a task's process group may hold on its node, enforced by the node's
+            pool as :class:`~precompile_executor.PrecompileExecutor` does (past it the group is
+            killed and the task fails alone with ``TaskMemoryError``); ``None``: no limit.
+            Per call: ``options(memory_limit=...)``.
 
     Raises:
         WorkerStartError: a dask worker is daemonic (it could not start the node pool).
@@ -68,12 +78,13 @@ class DaskPrecompileExecutor(BaseExecutor[State]):
         classify: Callable[[BaseException], Classification] | None = None,
         max_workers_per_node: int | None = None,
         workers: Sequence[str] | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         check_initializer(initializer, initargs, classify)
         check_count(max_workers_per_node, "max_workers_per_node", 1, optional=True)
         if isinstance(workers, str):
             raise TypeError("workers must be a list of dask worker addresses, not one string")
-        options = TaskOptions(check_timeout(timeout))
+        options = TaskOptions(check_timeout(timeout), memory_limit=check_memory_limit(memory_limit))
         try:
             settings = cloudpickle.dumps((initializer, initargs, classify))
         except Exception as exc:
@@ -99,6 +110,10 @@ class DaskPrecompileExecutor(BaseExecutor[State]):
                 f"got {value!r}"
             )
         return "spawn"
+
+    def _check_memory_limit(self, value: object) -> int | None:
+        """``memory_limit``: each node's pool enforces it (see the constructor)."""
+        return check_memory_limit(value)
 
     # -- sending a task (the layer's _send) ------------------------------------------------------
 

@@ -50,6 +50,7 @@ def run_task(
     timeout: float | None,
     with_output: bool,
     topic: str,
+    memory_limit: int | None = None,
 ) -> Outcome:
     """The dask task: run one call on this node's pool and return its :data:`Outcome`.
 
@@ -64,7 +65,7 @@ def run_task(
             # The caller sent this to another incarnation of the node (same address, restarted):
             # the task may have run and killed the old one; never run it again blindly.
             return refused("node-changed", "the node restarted since the task was sent to it")
-        outcome: Outcome = plugin.run(key, blob, timeout, with_output, topic)
+        outcome: Outcome = plugin.run(key, blob, timeout, with_output, topic, memory_limit)
         return outcome
     except Exception as exc:  # noqa: BLE001 - the contract: never raise
         return refused(

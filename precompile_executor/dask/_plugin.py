@@ -86,12 +86,18 @@ class NodePlugin(WorkerPlugin):
         return self.pool.warm_up(timeout)
 
     def run(
-        self, key: str, blob: bytes, timeout: float | None, with_output: bool, topic: str
+        self,
+        key: str,
+        blob: bytes,
+        timeout: float | None,
+        with_output: bool,
+        topic: str,
+        memory_limit: int | None = None,
     ) -> Outcome:
         """Run one pre-pickled call on the node-local pool; return its outcome. Never raises."""
         if self.pool is None:
             return refused("unavailable", self.error or "the node pool is not available")
-        local = self.pool.submit(key, blob, timeout, with_output)
+        local = self.pool.submit(key, blob, timeout, with_output, memory_limit)
         if not isinstance(local, Future):
             return local
         try:

@@ -63,14 +63,20 @@ class NodeActor:
         return {"pid": os.getpid(), "window": existing.pool.window, "error": existing.pool.error}
 
     async def run(
-        self, session: str, key: str, blob: bytes, timeout: float | None, with_output: bool
+        self,
+        session: str,
+        key: str,
+        blob: bytes,
+        timeout: float | None,
+        with_output: bool,
+        memory_limit: int | None = None,
     ) -> Outcome:
         """Run one pre-pickled call on the session's pool; return its outcome. Never raises."""
         try:
             entry = self.sessions.get(session)
             if entry is None:
                 return refused("unavailable", "the executor's pool on this node is closed")
-            local = entry.pool.submit(key, blob, timeout, with_output)
+            local = entry.pool.submit(key, blob, timeout, with_output, memory_limit)
             if not isinstance(local, Future):
                 return local
             try:

@@ -10,11 +10,12 @@ Data flow::
     priority heap ── futures PENDING, cancel() works
       │ dispatcher thread: while a node that has the task's resources has a free slot
       │ (window = its Ray CPUs, capped by max_workers_per_node):
-      │ actor.run.remote(session, key, blob, timeout, with_output) — still PENDING, cancellable
+      │ actor.run.remote(session, key, blob, timeout, with_output, memory_limit) — still
+      │ PENDING, cancellable
       ▼
     node actor (one per node, NodeAffinitySchedulingStrategy) ─► session's NodePool: the
-      │ node-local PrecompileExecutor (timeouts, group kills, crash isolation, capture,
-      │ classification) ─── started keys, answered to the long poll actor.starts.remote()
+      │ node-local PrecompileExecutor (timeouts, memory limits, group kills, crash isolation,
+      │ capture, classification) ─── started keys, answered to the long poll actor.starts.remote()
       │                                                ─► dispatcher: future → RUNNING
       ▼
     plain outcome record (bytes, str, numbers) ─► ObjectRef.future() callback (a Ray thread):
@@ -311,7 +312,12 @@ class State:
     def send(self, task: Task) -> None:
         try:
             ref = task.actor.run.remote(
-                self.session, task.key, task.blob, task.opts.timeout, task.opts.with_output
+                self.session,
+                task.key,
+                task.blob,
+                task.opts.timeout,
+                task.opts.with_output,
+                task.opts.memory_limit,
             )
             answer = ref.future()
         except Exception as exc:  # noqa: BLE001 - Ray shut down under us, say: fail this task only

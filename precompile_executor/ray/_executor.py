@@ -20,7 +20,13 @@ import ray
 
 from .._base import BaseExecutor, Call, Path, TaskOptions, failed_future, serialization_error
 from .._errors import AFTER_SHUTDOWN, Classification
-from .._validate import check_count, check_initializer, check_timeout, describe_unpicklable
+from .._validate import (
+    check_count,
+    check_initializer,
+    check_memory_limit,
+    check_timeout,
+    describe_unpicklable,
+)
 from ._dispatch import (
     PLACE_TIMEOUT_S,
     RayExecutorStatistics,
@@ -64,6 +70,10 @@ class RayPrecompileExecutor(BaseExecutor[State]):
         resources: use only nodes whose Ray resources cover these amounts (``{"GPU": 1}``: GPU
             nodes). Nothing is reserved: the window bounds what runs on a node. Per task:
             ``options(resources=...)``.
+        memory_limit: bytes a task's process group may hold on its node, enforced by the node's
+            pool as :class:`~precompile_executor.PrecompileExecutor` does (past it the group is
+            killed and the task fails alone with ``TaskMemoryError``); ``None``: no limit.
+            Per call: ``options(memory_limit=...)``.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
@@ -82,6 +92,7 @@ class RayPrecompileExecutor(BaseExecutor[State]):
         max_workers_per_node: int | None = None,
         devices_per_node: Sequence[int | str] | Literal["auto"] | None = None,
         resources: Mapping[str, float] | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be a string or None, got {address!r}")
@@ -89,7 +100,9 @@ class RayPrecompileExecutor(BaseExecutor[State]):
         check_count(max_workers_per_node, "max_workers_per_node", 1, optional=True)
         devices = check_devices_per_node(devices_per_node)
         node_filter = check_resources(resources)
-        options = RayTaskOptions(check_timeout(timeout))
+        options = RayTaskOptions(
+            check_timeout(timeout), memory_limit=check_memory_limit(memory_limit)
+        )
         try:
             settings = cloudpickle.dumps((initializer, initargs, classify))
         except Exception as exc:
@@ -111,6 +124,10 @@ class RayPrecompileExecutor(BaseExecutor[State]):
             )
         return "spawn"
 
+    def _check_memory_limit(self, value: object) -> int | None:
+        """``memory_limit``: each node's pool enforces it (see the constructor)."""
+        return check_memory_limit(value)
+
     def options(
         self,
         *,
@@ -131,8 +148,8 @@ class RayPrecompileExecutor(BaseExecutor[State]):
             with_output: results come back as :class:`~precompile_executor.TaskResult`.
             cost: a hint, the seconds a call is expected to take: among equal priorities the
                 longest starts first (this executor keeps no history; ``None``: no hint).
-            memory_limit: not enforced on a Ray cluster yet: anything but ``None`` is refused
-                with a ``TypeError`` (the layer's rule for a backend that does not enforce it).
+            memory_limit: bytes the task's process group may hold on its node (``None``: no
+                limit), enforced by the node's pool.
             resources: the task goes only to nodes whose Ray resources cover these amounts
                 (``{"GPU": 1}``: a GPU node); a filter, nothing is reserved.
         """
