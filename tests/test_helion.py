@@ -189,7 +189,10 @@ def test_check_refuses_a_search_that_no_longer_reaches_the_provider_class(
 
 @pytest.fixture
 def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process's default executor as if none was built yet; shut down afterwards."""
+    """The process's default executor as if none was built yet; afterwards its workers and
+    their warm template are stopped (``terminate_workers()``), so they end within this test:
+    left warm in the pool, they would end in whichever later test stops idle workers, and that
+    test's leak check would meet them still exiting."""
     from precompile_executor.helion import _warm
 
     monkeypatch.setattr(_warm, "_default", None)
@@ -200,7 +203,7 @@ def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if _warm._warming is not None:
             _warm._warming.join(timeout=WAIT_S)
         if _warm._default is not None:
-            _warm._default.shutdown()
+            _warm._default.terminate_workers()
 
 
 @pytest.mark.timeout(240)
