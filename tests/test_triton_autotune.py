@@ -444,9 +444,9 @@ def test_leaders_timed_while_compiles_ran_are_timed_again_after_the_last_landed_
         calls.append((launched["BLOCK"], finished))
         return quiet_ms[launched["BLOCK"]] * (1.0 if finished else 1.5)
 
-    kernel = triton.autotune(
-        configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms)
-    )(double_jit)
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms))(
+        double_jit
+    )
     with pe_autotune.use(executor):
         kernel[GRID](*_double_args(8192))
 
