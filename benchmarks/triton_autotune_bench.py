@@ -147,7 +147,9 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
         )
         executor.warm_up(timeout=120)
         result["executor_start_s"] = time.perf_counter() - start
+    benches = _time_do_bench(autotuned)
     start = time.perf_counter()
+    benches["start"] = start
     if mode == "stock":
         autotuned[grid](*args)
     elif mode in ("ours", "ours+start"):
@@ -171,6 +173,9 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
         result["compiles"] = stats.completed + stats.failed
         executor.shutdown()
     result["bench_time_s"] = getattr(autotuned, "bench_time", None)
+    result["do_bench_calls"] = benches["calls"]
+    result["do_bench_s"] = benches["total_s"]
+    result["first_do_bench_s"] = benches["first_s"]
     result["best"] = str(autotuned.best_config)
     result["timings_ms"] = {
         str(config): _p50(timing) for config, timing in autotuned.configs_timings.items()
@@ -182,6 +187,32 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - the scenario's own figures still count
             result["repeat_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def _time_do_bench(autotuned: Any) -> dict[str, Any]:
+    """Count and time the autotuner's ``do_bench`` calls (Triton's default benchmarker, as
+    ``Autotuner.do_bench`` picks it), the same way in every mode: their sum is the serial GPU
+    timing work no mode can overlap with itself."""
+    from triton.runtime.driver import driver
+
+    benches: dict[str, Any] = {"calls": None, "total_s": 0.0, "first_s": None, "start": None}
+    if not hasattr(autotuned, "_do_bench"):  # not the Autotuner these figures assume
+        return benches
+    benches["calls"] = 0
+    inner = autotuned._do_bench or driver.active.get_benchmarker()
+
+    def timed(kernel_call: Any, quantiles: Any = None) -> Any:
+        began = time.perf_counter()
+        if benches["first_s"] is None and benches["start"] is not None:
+            benches["first_s"] = began - benches["start"]
+        try:
+            return inner(kernel_call, quantiles=quantiles)
+        finally:
+            benches["calls"] += 1
+            benches["total_s"] += time.perf_counter() - began
+
+    autotuned._do_bench = timed
+    return benches
 
 
 def _repeat_best(autotuned: Any, grid: Any, args: tuple[Any, ...]) -> dict[str, float]:
@@ -259,13 +290,13 @@ def report(results: dict[tuple[str, str], dict[str, Any]], info: str) -> str:
              f"per scenario. {info}", ""]  # fmt: skip
     lines += [
         "| kernel | configs | mode | first call s | × vs stock | process s | compiles | "
-        "best config | stock's time of it, ms | rel. error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "do_bench calls, Σ s (first at s) | best config | stock's time of it, ms | rel. error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (kernel, mode), r in results.items():
         stock = results.get((kernel, "stock"), {})
         if "first_call_s" not in r:
-            lines.append(f"| {kernel} | | {mode} | failed: {r.get('error', '?')[:200]} |||||||")
+            lines.append(f"| {kernel} | | {mode} | failed: {r.get('error', '?')[:200]} ||||||||")
             continue
         ratio = (
             f"{stock['first_call_s'] / r['first_call_s']:.2f}×" if "first_call_s" in stock else ""
@@ -278,7 +309,7 @@ def report(results: dict[tuple[str, str], dict[str, Any]], info: str) -> str:
         stock_time = stock.get("timings_ms", {}).get(r["best"])
         lines.append(
             f"| {kernel} | {r['configs']} | {mode} | {first} | {ratio} | {r['process_s']:.1f} | "
-            f"{r.get('compiles', '')} | `{r['best']}` | "
+            f"{r.get('compiles', '')} | {_benches(r)} | `{r['best']}` | "
             f"{'' if stock_time is None else f'{stock_time:.4f}'} | {r['rel_err']:.1e} "
             f"{'ok' if r['rel_err'] <= CORRECT_REL_ERR else 'WRONG'} |"
         )
@@ -320,6 +351,26 @@ BEST_WITHIN = 0.02
 TIMINGS_WITHIN = 0.03
 
 
+def _benches(r: dict[str, Any]) -> str:
+    if r.get("do_bench_calls") is None:
+        return ""
+    first = r.get("first_do_bench_s")
+    return f"{r['do_bench_calls']}, {r['do_bench_s']:.2f}" + (
+        "" if first is None else f" ({first:.2f})"
+    )
+
+
+def _ceiling(other_s: float | None, ours: dict[str, Any]) -> str:
+    """The most this ratio could be if ours cost nothing but its serial ``do_bench`` calls."""
+    serial = ours.get("do_bench_s")
+    if other_s is None or not serial:
+        return ""
+    return (
+        f"; ours' {ours['do_bench_calls']} do_bench calls alone take {serial:.2f} s, "
+        f"so at most {other_s / serial:.2f}×"
+    )
+
+
 def _mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("MET" if ok else "MISSED")
 
@@ -344,6 +395,7 @@ def checks(results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
             f"{_mark(None if ratio is None else ratio >= target)}: {kernel} {mode} ≥ "
             f"{target:g}× faster than stock — "
             + ("not measured" if ratio is None else f"{ratio:.2f}×")
+            + _ceiling(stock, results.get((kernel, mode), {}))
         )
     threads, ours = first("matmul", "threads"), first("matmul", "ours")
     if ("matmul", "threads") in results:
@@ -352,6 +404,7 @@ def checks(results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
             f"{_mark(None if ratio is None else ratio >= THREADS_TARGET)}: matmul ours ≥ "
             f"{THREADS_TARGET:g}× faster than 16 threads — "
             + ("not measured" if ratio is None else f"{ratio:.2f}×")
+            + _ceiling(threads, results.get(("matmul", "ours"), {}))
         )
     for (kernel, mode), r in results.items():
         stock_timings = results.get((kernel, "stock"), {}).get("timings_ms", {})
