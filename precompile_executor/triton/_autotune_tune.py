@@ -11,6 +11,8 @@
                        batch held)
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
+                      all landed: leaders timed   _confirm(): the best 5 and all within 5 %,
+                        while compiles ran, again   if screened while compiles still ran
           → its timing
         _bench(config=pruned[i])             → the timing measured above
       self.fn.run(best config)                Triton's own launch
