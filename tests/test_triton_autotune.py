@@ -478,12 +478,13 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
             triton.Config({"BLOCK": 512}, num_warps=8),
         ]
         x, out = FakeTensor(tl.float32, events), FakeTensor(tl.float32, events)
+        bench = Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
         kernel = triton.autotune(
             configs=configs,
             key=["n"],
             reset_to_zero=["out_ptr"],
             restore_value=["x_ptr"],
-            do_bench=Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+            do_bench=bench,
         )(double_jit)
         if in_workers:
             with pe_autotune.use(executor):
@@ -491,7 +492,8 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
         else:
             kernel[GRID](x, out, 4096)
         timings = {str(c): t for c, t in kernel.configs_timings.items()}
-        return sorted(events), (str(kernel.best_config), timings, dry_gpu.launches[-1])
+        benched = [launched["BLOCK"] for launched in bench.calls]
+        return sorted(events), benched, (str(kernel.best_config), timings, dry_gpu.launches[-1])
 
     ours = autotune_once(gpu, in_workers=True)
     stock_gpu = DryRunGPU()  # a fresh device: stock compiles (from the disk cache) in-process
@@ -501,9 +503,16 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
     finally:
         driver.set_active(gpu)
         double_jit.device_caches.pop(stock_gpu.device, None)
-    assert ours == stock
-    assert ours[0].count("zero_") == 4  # once per config, once more to reset after tuning
-    assert ours[0].count("config hook") == 2  # its benchmark, and the call that used it
+    assert ours[2] == stock[2]  # the same timings, choice and final launch
+    assert sorted(set(ours[1])) == sorted(stock[1]) == [128, 256, 512]
+    # Every benchmark runs the hooks, resets and restores as Triton's _bench does, stock's once
+    # per config, ours also for each leader timed again after the last compile landed.
+    for events, benched in (stock[:2], ours[:2]):
+        assert events.count("zero_") == len(benched) + 1  # once more to reset after tuning
+        assert events.count("clone") == events.count("copy_") == len(benched)
+        # Its benchmarks, and the call that used it.
+        assert events.count("config hook") == benched.count(256) + 1
+    assert stock[0].count("zero_") == 4
 
 
 @pytest.mark.timeout(180)
@@ -517,7 +526,7 @@ def test_cache_results_a_disk_hit_compiles_nothing(
     )
     with pe_autotune.use(executor):
         kernel[GRID](*_double_args())
-    assert len(first.calls) == len(configs)
+    assert {c["BLOCK"] for c in first.calls} == {c.kwargs["BLOCK"] for c in configs}
 
     # A fresh autotuner (a new process, say) with the same configs finds the timings on disk.
     again = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
