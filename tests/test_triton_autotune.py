@@ -12,6 +12,7 @@ can only pass if the workers' files were installed under the keys this process's
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -375,6 +376,48 @@ def test_the_innermost_use_gets_the_compiles(gpu: DryRunGPU) -> None:
         outer.shutdown()
         inner.shutdown()
     assert (outer.submitted, inner.submitted) == (0, 2)
+
+
+class BatchingThreads(CountingThreads):
+    """Counting threads with a ``max_workers`` and a ``batch()`` that records its use."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__()
+        self.max_workers = max_workers
+        self.events: list[str] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.events.append("submit")
+        return super().submit(fn, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        self.events.append("batch")
+        yield
+        self.events.append("release")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("max_workers", "expected"),
+    [
+        (2, ["submit", "batch", "submit", "submit", "release"]),  # more configs than workers
+        (3, ["submit", "submit", "submit"]),  # they all fit: nothing is held back
+    ],
+)
+def test_the_first_config_compiles_at_once_and_the_rest_wait_only_when_over_the_workers(
+    gpu: DryRunGPU, max_workers: int, expected: list[str]
+) -> None:
+    pool = BatchingThreads(max_workers)
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(double_jit)
+    try:
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+    finally:
+        pool.shutdown()
+    assert pool.events == expected
+    assert kernel.best_config.kwargs["BLOCK"] == 256
 
 
 # -- a new tuning key ---------------------------------------------------------------------------
