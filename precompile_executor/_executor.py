@@ -55,6 +55,7 @@ from ._costs import shared_model as _shared_model
 from ._errors import Classification
 from ._hub import current_hub, get_hub
 from ._records import ExecutorStatistics, TaskTimeline
+from ._settle import own_callback
 from ._state import Task
 from ._validate import (
     check_count,
@@ -362,6 +363,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
         self._backend.stop_workers(0.0, "killed by executor.kill_workers()")
 
 
+@own_callback
 def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
     """A future's done-callback (any thread): if the user cancelled it while queued, the core
     notifies its waiters at once."""
