@@ -17,11 +17,6 @@ CLASS_LINES = 400
 MODULE_LINES = 600
 
 
-TOO_LONG_TODAY = {"ray/_dispatch.py", "ray/_dispatch.py:State"}
-"""What is still over a limit, to be split (issue 22); the test fails when one is fixed too, so
-that it leaves this set."""
-
-
 def too_long(root: Path = PACKAGE) -> set[str]:
     """``module`` or ``module:Class`` for each module or class over its limit."""
     found = set()
@@ -39,7 +34,7 @@ def too_long(root: Path = PACKAGE) -> set[str]:
 
 
 def test_no_class_or_module_over_its_limit() -> None:
-    assert too_long() == TOO_LONG_TODAY
+    assert too_long() == set()
 
 
 def test_the_measure_sees_a_long_class_and_a_long_module(tmp_path: Path) -> None:
