@@ -306,34 +306,6 @@ class Core(Settling):
     def task_failed(self, task: Task, error: BaseException) -> list[Action]:
         return self._close(task, error) + self.pump()
 
-    def worker_ready(self, worker: WorkerHandle) -> list[Action]:
-        if self.shutdown and not self.queued():
-            self.workers.discard(worker)
-            self.hub.put_pooled(worker, worker.since)
-            return []
-        self.idle.append(worker)
-        return self.pump()
-
-    def worker_gone(
-        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
-    ) -> list[Action]:
-        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
-        crashed one is, but not counted as a restart)."""
-        self.workers.discard(worker)
-        if worker in self.idle:
-            self.idle.remove(worker)
-        actions: list[Action] = []
-        if worker.kind == "spawn" and not expected:
-            self.restarts += 0 if recycled else 1
-            if not self.shutdown and self.broken is None:
-                # Keep the pool at strength: a warm spare takes the dead worker's place at
-                # once; without one, a replacement starts now, not when the next task comes.
-                if self._adopt_pooled():
-                    actions += self.spares_needed()
-                else:
-                    actions += [self._new_worker(), *self.spares_needed()]
-        return actions + self.pump()
-
     def worker_failed_to_start(self, worker: WorkerHandle, error: BaseException) -> list[Action]:
         self.workers.discard(worker)
         if not isinstance(error, WorkerStartError):

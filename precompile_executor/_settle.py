@@ -105,7 +105,6 @@ class Settling(Staffing):
     timed_out: int
     crashed: int
     cancelled: int
-    restarts: int
     spawn_tasks: int
     fork_tasks: int
     memory_blocked: bool

@@ -41,6 +41,7 @@ class Staffing:
     broken: BaseException | None
     lock: threading.RLock
     changed: threading.Condition
+    restarts: int
 
     def owner(self) -> Owner:
         """This core as the :class:`._state.Owner` its workers report to."""
@@ -48,6 +49,44 @@ class Staffing:
 
     def check_open(self) -> None:
         raise NotImplementedError  # Core's: raise if no task may be submitted now
+
+    def pump(self) -> list[Action]:
+        raise NotImplementedError  # Core's: dispatch what may start now
+
+    def queued(self) -> list[Task]:
+        raise NotImplementedError  # Core's: tasks waiting for a worker, not cancelled
+
+    # -- the hub's reports about this executor's workers ----------------------------------------
+
+    def worker_ready(self, worker: WorkerHandle) -> list[Action]:
+        if self.shutdown and not self.queued():
+            self.workers.discard(worker)
+            self.hub.put_pooled(worker, worker.since)
+            return []
+        self.idle.append(worker)
+        return self.pump()
+
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]:
+        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
+        crashed one is, but not counted as a restart)."""
+        self.workers.discard(worker)
+        if worker in self.idle:
+            self.idle.remove(worker)
+        actions: list[Action] = []
+        if worker.kind == "spawn" and not expected:
+            self.restarts += 0 if recycled else 1
+            if not self.shutdown and self.broken is None:
+                # Keep the pool at strength: a warm spare takes the dead worker's place at
+                # once; without one, a replacement starts now, not when the next task comes.
+                if self._adopt_pooled():
+                    actions += self.spares_needed()
+                else:
+                    actions += [self._new_worker(), *self.spares_needed()]
+        return actions + self.pump()
+
+    # -- choosing, adopting and starting workers ------------------------------------------------
 
     def _take_idle(self) -> WorkerHandle:
         if not self.devices:
