@@ -40,9 +40,11 @@ import functools
 import logging
 import os
 import pickle
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from types import FunctionType
 from typing import Any, Literal, TypeVar
 
 import cloudpickle
@@ -67,7 +69,7 @@ from ._validate import (
     check_timeout,
     describe_unpicklable,
 )
-from ._worker import Call
+from ._worker import PLAIN_TYPES, Call
 
 log = logging.getLogger("precompile_executor")
 
@@ -241,10 +243,9 @@ class PrecompileExecutor(BaseExecutor[Core]):
         if opts.path == "fork":
             return None
         try:
-            blob: bytes = cloudpickle.dumps(fn)
+            return pickle_function(fn)
         except Exception:  # noqa: BLE001 - _send reports it (or forks) per task
             return None
-        return blob
 
     def _send(
         self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
@@ -258,8 +259,8 @@ class PrecompileExecutor(BaseExecutor[Core]):
         if path == "spawn":
             try:
                 # fn and the arguments travel apart, so map() pickles fn once, not per task.
-                fn_blob = prepared if prepared is not None else cloudpickle.dumps(calls[0][0])
-                blob = pickle.dumps((fn_blob, cloudpickle.dumps([(a, k) for _, a, k in calls])))
+                fn_blob = prepared if prepared is not None else pickle_function(calls[0][0])
+                blob = pickle.dumps((fn_blob, pickle_arguments(calls)), _PROTOCOL)
             except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
                 if opts.path != "auto":
                     what = describe_unpicklable(*calls[0]) if len(calls) == 1 else "a call"
@@ -361,6 +362,52 @@ class PrecompileExecutor(BaseExecutor[Core]):
     def kill_workers(self) -> None:
         """Like :meth:`terminate_workers`, with SIGKILL for running tasks' process groups."""
         self._backend.stop_workers(0.0, "killed by executor.kill_workers()")
+
+
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_by_reference: weakref.WeakKeyDictionary[Callable[..., Any], bytes] = weakref.WeakKeyDictionary()
+
+
+def pickle_function(fn: Callable[..., Any]) -> bytes:
+    """``cloudpickle.dumps(fn)``, kept for a module's own top-level function.
+
+    Only a function that cloudpickle pickles by reference — its bytes are plain pickle's, a
+    module and a name — is kept (weakly), and a kept one is used only while that name in its
+    module is still this function and no module is registered to be pickled by value; anything
+    else (lambdas, closures, ``__main__`` functions: pickled by value, with their globals as they
+    are now) is pickled again for every task. docs/design.md, "Per-task overhead".
+    """
+    kept = type(fn) is FunctionType
+    if kept:
+        kept_blob = _by_reference.get(fn)
+        if kept_blob is not None and _named(fn) and not cloudpickle.list_registry_pickle_by_value():
+            return kept_blob
+    blob: bytes = cloudpickle.dumps(fn, _PROTOCOL)
+    if kept and _named(fn) and not cloudpickle.list_registry_pickle_by_value():
+        try:
+            by_reference = pickle.dumps(fn, _PROTOCOL) == blob
+        except Exception:  # noqa: BLE001 - plain pickle cannot name it: not by reference
+            by_reference = False
+        if by_reference:
+            _by_reference[fn] = blob
+    return blob
+
+
+def _named(fn: Any) -> bool:
+    """Whether ``fn`` is what its module's global of its name holds now."""
+    module = sys.modules.get(fn.__module__)
+    return module is not None and getattr(module, fn.__qualname__, None) is fn
+
+
+def pickle_arguments(calls: list[Call]) -> bytes:
+    """The calls' ``[(args, kwargs), ...]`` pickled: by plain pickle when every argument is of
+    one of :data:`._worker.PLAIN_TYPES` (the same bytes, made faster), else by cloudpickle."""
+    pairs = [(a, k) for _, a, k in calls]
+    for args, kwargs in pairs:
+        if kwargs or any(type(a) not in PLAIN_TYPES for a in args):
+            blob: bytes = cloudpickle.dumps(pairs, _PROTOCOL)
+            return blob
+    return pickle.dumps(pairs, _PROTOCOL)
 
 
 @own_callback

@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import resource
+import struct
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -35,11 +36,17 @@ CAPTURE_LIMIT_BYTES = 1 << 20
 
 
 class OutputCapture:
-    """Points fd 1 and fd 2 of this process at one file, emptied before each task."""
+    """Points fd 1 and fd 2 of this process at one file, emptied before each task.
+
+    A task that writes nothing costs one ``fstat`` (:meth:`take`): the file is emptied only when
+    something was written, before the next task starts (:meth:`begin`). Output written between
+    two tasks — by a thread a task left running — goes to the next task's output.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self.empty = False  # known to be empty: begin() need not truncate it
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
@@ -55,14 +62,37 @@ class OutputCapture:
     def reset(self) -> None:
         """Empty the file: what follows belongs to the next task."""
         os.ftruncate(self.fd, 0)
+        self.empty = True
+
+    def begin(self) -> None:
+        """Before a task: empty the file unless it is known to be empty already."""
+        if not self.empty:
+            self.reset()
 
     def read(self) -> str:
         """Return what the current task wrote, flushing Python's own buffers first."""
+        self.flush()
+        self.empty = False
+        return read_capture_file(self.fd)
+
+    def take(self, wanted: bool) -> str | None:
+        """After a task: its output if ``wanted`` (``""`` when it wrote nothing), else ``None``;
+        the file stays known-empty when nothing was written, so the next :meth:`begin` is free."""
+        self.flush()
+        if os.fstat(self.fd).st_size == 0:
+            return "" if wanted else None
+        self.empty = False
+        return read_capture_file(self.fd) if wanted else None
+
+    @staticmethod
+    def flush() -> None:
+        """Write out Python's own buffers of ``sys.stdout`` and ``sys.stderr``."""
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
-                with contextlib.suppress(OSError, ValueError):
+                try:
                     stream.flush()
-        return read_capture_file(self.fd)
+                except (OSError, ValueError):  # closed or broken by the task
+                    pass
 
 
 def read_capture_file(fd_or_path: int | str) -> str:
@@ -175,27 +205,57 @@ def with_output(outcomes: list[Outcome], output: str) -> list[Outcome]:
     return fixed
 
 
+FUNCTION_CACHE_SIZE = 16
+"""Unpickled task functions a worker keeps, keyed by their pickled bytes (:func:`load_function`)."""
+
+FUNCTION_CACHE_BYTES = 1 << 16
+"""Only functions pickled in at most this many bytes are kept: a closure over a large object
+is not held alive in the worker, and its unpickling costs its data anyway."""
+
+_functions: dict[bytes, Callable[..., Any]] = {}
+
+
+def load_function(fn_blob: bytes) -> Callable[..., Any]:
+    """The task function pickled in ``fn_blob``, unpickled once per worker for its bytes.
+
+    A function pickled by reference (a module's function) is an import lookup either way. One
+    pickled by value (defined in ``__main__``, a lambda, a closure) is unpickled once, and later
+    tasks with the same bytes call the same function object — as the stdlib pool's workers reuse
+    a module's function: state it keeps on itself or in its globals stays between tasks on one
+    worker. Changed in the caller (its code, defaults or captured values), it pickles to other
+    bytes and is loaded afresh. docs/design.md, "Per-task overhead".
+    """
+    fn = _functions.get(fn_blob)
+    if fn is None:
+        fn = cloudpickle.loads(fn_blob)
+        if len(fn_blob) <= FUNCTION_CACHE_BYTES:
+            if len(_functions) >= FUNCTION_CACHE_SIZE:
+                del _functions[next(iter(_functions))]  # the oldest
+            _functions[fn_blob] = fn
+    return fn
+
+
 def execute(
     blob: bytes, n_calls: int, want_output: bool, capture: OutputCapture
 ) -> tuple[list[Outcome], str | None, bool]:
     """Run one task message's calls with its output captured; return the ``done`` fields
     (outcomes, output, plain)."""
     pid = os.getpid()
-    capture.reset()
+    capture.begin()
     try:
         fn_blob, args_blob = pickle.loads(blob)
-        fn = cloudpickle.loads(fn_blob)
+        fn = load_function(fn_blob)
         calls = [(fn, args, kwargs) for args, kwargs in cloudpickle.loads(args_blob)]
     except BaseException as exc:  # noqa: BLE001 - e.g. a module missing in the worker
         outcomes: list[Outcome] = [(False, _record(exc, pid))] * n_calls
         plain = False
     else:
         outcomes, plain = run_calls(calls, pid)
-    output = capture.read()
-    failed = any(not ok for ok, _ in outcomes)
-    if failed:
-        outcomes = with_output(outcomes, output)
-    return outcomes, (output if want_output or failed else None), plain
+    for ok, _ in outcomes:
+        if not ok:
+            output = capture.read()
+            return with_output(outcomes, output), output, plain
+    return outcomes, capture.take(want_output), plain
 
 
 def become_group_leader() -> None:
@@ -318,9 +378,10 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
     """Run each task the parent sends until it says stop or goes away, or (``max_tasks``)
     until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends."""
     ran = 0
+    frames = FrameReader(conn.fileno())
     while True:
         try:
-            message = decode(conn.recv_bytes())
+            message = decode(frames.next())
         except (EOFError, OSError, ValueError):
             break  # the parent went away or closed us: leave quietly
         if not isinstance(message, Run):
@@ -339,3 +400,44 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
             break
         if retire or recycle:
             break  # CUDA context unusable, or max_tasks_per_child reached: the parent replaces it
+
+
+_SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
+_BIG_SIZE = struct.Struct("!Q")  # after a size of -1: a frame over 2 GiB
+READ_CHUNK_BYTES = 1 << 16
+
+
+class FrameReader:
+    """Reads ``multiprocessing.connection`` frames from a blocking socket in as few ``read``
+    calls as it can: a small message's header and body come in one (``Connection.recv_bytes``
+    reads them apart). Bytes read past a frame are kept for the next."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = b""
+
+    def next(self) -> bytes:
+        """The next frame; raises ``EOFError`` when the stream ends (inside a frame too)."""
+        header = self._take(_SIZE.size)
+        (size,) = _SIZE.unpack(header)
+        if size == -1:
+            (size,) = _BIG_SIZE.unpack(self._take(_BIG_SIZE.size))
+        return self._take(size)
+
+    def _take(self, n: int) -> bytes:
+        data = self.data
+        if len(data) < n:
+            chunks = [data]
+            have = len(data)
+            while have < n:
+                chunk = os.read(self.fd, max(READ_CHUNK_BYTES, min(n - have, 1 << 24)))
+                if not chunk:
+                    raise EOFError("the parent's stream ended")
+                chunks.append(chunk)
+                have += len(chunk)
+            data = b"".join(chunks)
+        if len(data) == n:
+            self.data = b""
+            return data
+        self.data = data[n:]
+        return data[:n]

@@ -12,6 +12,7 @@ can only pass if the workers' files were installed under the keys this process's
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -377,6 +378,48 @@ def test_the_innermost_use_gets_the_compiles(gpu: DryRunGPU) -> None:
     assert (outer.submitted, inner.submitted) == (0, 2)
 
 
+class BatchingThreads(CountingThreads):
+    """Counting threads with a ``max_workers`` and a ``batch()`` that records its use."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__()
+        self.max_workers = max_workers
+        self.events: list[str] = []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        self.events.append("submit")
+        return super().submit(fn, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        self.events.append("batch")
+        yield
+        self.events.append("release")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("max_workers", "expected"),
+    [
+        (2, ["submit", "batch", "submit", "submit", "release"]),  # more configs than workers
+        (3, ["submit", "submit", "submit"]),  # they all fit: nothing is held back
+    ],
+)
+def test_the_first_config_compiles_at_once_and_the_rest_wait_only_when_over_the_workers(
+    gpu: DryRunGPU, max_workers: int, expected: list[str]
+) -> None:
+    pool = BatchingThreads(max_workers)
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(double_jit)
+    try:
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+    finally:
+        pool.shutdown()
+    assert pool.events == expected
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+
+
 # -- a new tuning key ---------------------------------------------------------------------------
 
 
@@ -406,7 +449,8 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
     pruned = DOUBLE_CONFIGS[1:]
     assert _completed(executor) - before == len(pruned)  # one compile per pruned config
     assert compile_log.events == []  # nothing compiled in this process: every launch hit the cache
-    assert sorted(c["BLOCK"] for c in bench.calls) == sorted(c.kwargs["BLOCK"] for c in pruned)
+    # Each pruned config was benchmarked (leaders timed while compiles ran, once more after).
+    assert {c["BLOCK"] for c in bench.calls} == {c.kwargs["BLOCK"] for c in pruned}
     # Benchmarking began while other configs were still compiling.
     assert bench.unfinished[0] > 0
     assert kernel.best_config is pruned[1]  # BLOCK=256
@@ -428,6 +472,42 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
 
 
 @pytest.mark.timeout(180)
+def test_leaders_timed_while_compiles_ran_are_timed_again_after_the_last_landed_and_decide(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    # A busy CPU slows every timing taken while workers still compile: this benchmark says
+    # 1.5× the quiet time then. Quietly BLOCK=256 wins (1.0) over BLOCK=512 (1.2); a choice
+    # made from the screening alone could pick 512 when 256 was screened while compiles ran.
+    quiet_ms = {64: 5.0, 128: 3.0, 256: 1.0, 512: 1.2, 1024: 4.0}
+    before = _completed(executor)
+    calls: list[tuple[int, bool]] = []  # (BLOCK, every compile of the tune had finished)
+
+    def times_ms(launched: dict[str, Any]) -> float:
+        finished = _completed(executor) - before == len(DOUBLE_CONFIGS)
+        calls.append((launched["BLOCK"], finished))
+        return quiet_ms[launched["BLOCK"]] * (1.0 if finished else 1.5)
+
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms))(
+        double_jit
+    )
+    with pe_autotune.use(executor):
+        kernel[GRID](*_double_args(8192))
+
+    assert _completed(executor) - before == len(DOUBLE_CONFIGS)
+    noisy = [block for block, finished in calls if not finished]
+    assert noisy  # the screening began while compiles still ran (as they landed)
+    # Each of those leaders (with five configs: all of them) was timed again, after the last
+    # compile had finished, and that quiet timing is the one Triton's loop recorded.
+    for block in noisy:
+        assert (block, True) in calls[calls.index((block, False)) + 1 :]
+    assert {c.kwargs["BLOCK"]: t[0] for c, t in kernel.configs_timings.items()} == quiet_ms
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    assert gpu.launches[-1]["BLOCK"] == 256
+    # Only what was noisy was timed twice.
+    assert len(calls) == len(DOUBLE_CONFIGS) + len(noisy)
+
+
+@pytest.mark.timeout(180)
 def test_hooks_resets_and_restores_run_as_in_stock_triton(
     executor: PrecompileExecutor, gpu: DryRunGPU
 ) -> None:
@@ -441,12 +521,13 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
             triton.Config({"BLOCK": 512}, num_warps=8),
         ]
         x, out = FakeTensor(tl.float32, events), FakeTensor(tl.float32, events)
+        bench = Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
         kernel = triton.autotune(
             configs=configs,
             key=["n"],
             reset_to_zero=["out_ptr"],
             restore_value=["x_ptr"],
-            do_bench=Bench(dry_gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+            do_bench=bench,
         )(double_jit)
         if in_workers:
             with pe_autotune.use(executor):
@@ -454,7 +535,8 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
         else:
             kernel[GRID](x, out, 4096)
         timings = {str(c): t for c, t in kernel.configs_timings.items()}
-        return sorted(events), (str(kernel.best_config), timings, dry_gpu.launches[-1])
+        benched = [launched["BLOCK"] for launched in bench.calls]
+        return sorted(events), benched, (str(kernel.best_config), timings, dry_gpu.launches[-1])
 
     ours = autotune_once(gpu, in_workers=True)
     stock_gpu = DryRunGPU()  # a fresh device: stock compiles (from the disk cache) in-process
@@ -464,9 +546,16 @@ def test_hooks_resets_and_restores_run_as_in_stock_triton(
     finally:
         driver.set_active(gpu)
         double_jit.device_caches.pop(stock_gpu.device, None)
-    assert ours == stock
-    assert ours[0].count("zero_") == 4  # once per config, once more to reset after tuning
-    assert ours[0].count("config hook") == 2  # its benchmark, and the call that used it
+    assert ours[2] == stock[2]  # the same timings, choice and final launch
+    assert sorted(set(ours[1])) == sorted(stock[1]) == [128, 256, 512]
+    # Every benchmark runs the hooks, resets and restores as Triton's _bench does, stock's once
+    # per config, ours also for each leader timed again after the last compile landed.
+    for events, benched in (stock[:2], ours[:2]):
+        assert events.count("zero_") == len(benched) + 1  # once more to reset after tuning
+        assert events.count("clone") == events.count("copy_") == len(benched)
+        # Its benchmarks, and the call that used it.
+        assert events.count("config hook") == benched.count(256) + 1
+    assert stock[0].count("zero_") == 4
 
 
 @pytest.mark.timeout(180)
@@ -480,7 +569,7 @@ def test_cache_results_a_disk_hit_compiles_nothing(
     )
     with pe_autotune.use(executor):
         kernel[GRID](*_double_args())
-    assert len(first.calls) == len(configs)
+    assert {c["BLOCK"] for c in first.calls} == {c.kwargs["BLOCK"] for c in configs}
 
     # A fresh autotuner (a new process, say) with the same configs finds the timings on disk.
     again = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])

@@ -11,6 +11,8 @@
                        batch held)
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
+                      all landed: leaders timed   _confirm(): the best 5 and all within 5 %,
+                        while compiles ran, again   if screened while compiles still ran
           → its timing
         _bench(config=pruned[i])             → the timing measured above
       self.fn.run(best config)                Triton's own launch
@@ -33,6 +35,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import BrokenExecutor, CancelledError, Future, as_completed
 from typing import Any
@@ -53,6 +56,13 @@ ORIGINALS: dict[str, Any] = {}
 
 INF_TIMING = [float("inf")] * 3
 """What Triton's ``_bench`` returns for a config that cannot run (one value per quantile)."""
+
+CONFIRM_AT_LEAST = 5
+"""The leaders re-measured once every compile has landed: at least this many best configs…"""
+CONFIRM_MARGIN = 0.05
+"""…and every config whose screening time is within this fraction of the best one's. A config
+screened while workers still compiled shares the CPU with them; on the H200 such timings of the
+matmul's leaders came out up to 10 % high (docs/triton.md, "Timing integrity")."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
@@ -154,6 +164,10 @@ class _Entry:
     outcome: Any = None
     """Its timing, or the exception ``_bench`` raised for it (re-raised on its turn)."""
     measured: bool = False
+    quiet: bool = False
+    """Its timing was taken once every compile of the tune had landed (nothing else ran)."""
+    screened: Any = None
+    """Its first timing, when a quiet re-measurement replaced it (see ``Tune._confirm``)."""
 
     @property
     def config(self) -> Any:
@@ -232,12 +246,19 @@ class Tune:
         self._adapter = adapter = TritonCompileExecutor(executor)
         configs = self.configs or []
         token = _async_compile.active_mode.set(AsyncCompileMode(adapter, ignore_errors=True))
+        kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
         try:
-            # Queue every config before any starts, so the executor starts the longest
-            # predicted first (PrecompileExecutor.batch(); other executors: as submitted).
-            with holding_batch(executor):
-                kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
-                compiled = compile_configs(self.autotuner, self._args, kwargs, configs, adapter)
+            # The first config starts compiling as soon as it is submitted, so its benchmark
+            # can begin early. The rest: when they are more than the workers, queue all before
+            # any starts, so the executor starts the longest predicted first
+            # (PrecompileExecutor.batch(); other executors: as submitted); when they all fit,
+            # holding them back would only delay them.
+            compiled = compile_configs(self.autotuner, self._args, kwargs, configs[:1], adapter)
+            rest = configs[1:]
+            workers = getattr(executor, "max_workers", None)
+            fits = isinstance(workers, int) and len(rest) < workers
+            with contextlib.nullcontext() if fits else holding_batch(executor):
+                compiled += compile_configs(self.autotuner, self._args, kwargs, rest, adapter)
         finally:
             _async_compile.active_mode.reset(token)
         for one in compiled:
@@ -256,21 +277,52 @@ class Tune:
                 )
 
     def _bench_as_landed(self, bench: Callable[[Any], Any]) -> None:
-        """Benchmark every config whose compile is done or in memory, in the order they land;
-        stop at the first exception (Triton's loop re-raises it on that config's turn)."""
+        """Benchmark every config whose compile is done or in memory, in the order they land
+        (screening), then re-measure the leaders screened while compiles still ran; stop at
+        the first exception (Triton's loop re-raises it on that config's turn)."""
         entries = list(self._entries.values())
         by_future: dict[Future[Any], list[_Entry]] = {}
         for entry in entries:
             if entry.future is not None:
                 by_future.setdefault(entry.future, []).append(entry)
         ready = [e for e in entries if e.future is None and e.compiled.error is None]
+
+        def record(entry: _Entry) -> bool:
+            entry.quiet = all(f.done() for f in by_future)
+            return self._record(entry, bench)
+
         for entry in ready:
-            if not self._record(entry, bench):
+            if not record(entry):
                 return
         for future in as_completed(by_future):
             for entry in by_future[future]:
-                if not self._record(entry, bench):
+                if not record(entry):
                     return
+        self._confirm(bench)
+
+    def _confirm(self, bench: Callable[[Any], Any]) -> None:
+        """Re-measure, now that every compile has landed, each leader screened while compiles
+        still ran: the best ``CONFIRM_AT_LEAST`` configs and all within ``CONFIRM_MARGIN`` of
+        the best. Their new timings replace the screening's, in ``configs_timings`` and in the
+        choice (docs/triton.md, "Timing integrity")."""
+        timed = [
+            (first, entry)
+            for entry in self._entries.values()
+            if entry.measured and (first := _first_timing(entry.outcome)) is not None
+        ]
+        if len(timed) < 2:  # nothing to choose between
+            return
+        timed.sort(key=lambda pair: pair[0])
+        best = timed[0][0]
+        for rank, (first, entry) in enumerate(timed):
+            if rank >= CONFIRM_AT_LEAST and first > best * (1 + CONFIRM_MARGIN):
+                break
+            if entry.quiet:
+                continue
+            screened = entry.outcome
+            if not self._record(entry, bench):
+                return
+            entry.screened, entry.quiet = screened, True
 
     def _record(self, entry: _Entry, bench: Callable[[Any], Any]) -> bool:
         try:
@@ -349,6 +401,14 @@ class Tune:
             current = entry.cache.get(entry.key)
             if isinstance(current, FutureKernel | _FailedCompile):
                 del entry.cache[entry.key]
+
+
+def _first_timing(outcome: Any) -> float | None:
+    """Return the first (for Triton's ``_bench``: the median) value of a finite timing."""
+    value = outcome[0] if isinstance(outcome, list | tuple) and outcome else outcome
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def jit_cache_slot(future_kernel: Any) -> tuple[dict[Any, Any] | None, Any]:

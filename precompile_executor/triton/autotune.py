@@ -13,7 +13,9 @@ means the shared default ``PrecompileExecutor``.
 Inside, a kernel that meets a tuning key it has not seen compiles all of its pruned configs in
 the executor's workers — with exactly this call's arguments, so each compile is the one its
 benchmark launch looks up — longest predicted first, and benchmarks each config as soon as its
-compile is in this process's caches, while the rest still compile. Everything else is Triton's
+compile is in this process's caches, while the rest still compile; once all have landed, the
+leaders timed while compiles still ran are timed again on the quiet machine, and those timings
+decide (``docs/triton.md``, "Timing integrity"). Everything else is Triton's
 own: pruning, ``do_bench`` (a ``do_bench=`` of yours too), the hooks, ``reset_to_zero`` /
 ``restore_value``, ``cache_results`` (a disk hit compiles nothing), ``knobs.autotuning.listener``,
 ``bench_time``, ``configs_timings``, ``best_config``. No worker touches the GPU.
