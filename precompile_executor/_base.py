@@ -45,6 +45,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from ._errors import AFTER_SHUTDOWN, SerializationError
+from ._settle import own_callback
 from ._validate import (
     check_buffersize,
     check_chunksize,
@@ -170,8 +171,13 @@ class BaseExecutor(Executor, Generic[B]):
                 raise RuntimeError(AFTER_SHUTDOWN)
             future = self._send(opts, calls, chunked=chunked, prepared=prepared)
             self._mine.add(future)
-        future.add_done_callback(self._mine.discard)
+        future.add_done_callback(self._forget)
         return future
+
+    @own_callback
+    def _forget(self, future: Future[Any]) -> None:
+        """A view's future is done: its ``shutdown()`` no longer waits for it (no lock)."""
+        self._mine.discard(future)
 
     def _check_view_open(self) -> None:
         """Raise if this view was shut down (the backend checks the executor itself)."""

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from ._base import kill_running_futures
 from ._errors import Classification, RemoteError, TaskTimeoutError
+from ._settle import classification
 
 log = logging.getLogger("precompile_executor")
 
@@ -35,18 +36,9 @@ def _verdict(
     classify: Callable[[BaseException], Classification] | None,
     ignore_errors: bool,
 ) -> Classification:
-    if ignore_errors:
-        return "debug"
-    if classify is not None:
-        try:
-            verdict = classify(exc)
-        except Exception:  # noqa: BLE001
-            log.exception("the classify hook raised; treating the error as 'raise'")
-            return "raise"
-        return verdict if verdict in _LEVELS else "raise"
-    if isinstance(exc, RemoteError):
-        return exc.classification
-    return "raise"
+    # Without a hook, a task's error keeps the executor's verdict (set when it was settled).
+    default = exc.classification if isinstance(exc, RemoteError) else "raise"
+    return classification(exc, classify, ignore_errors, default)
 
 
 def _cancel_and_kill(futures: Sequence[Future[Any]]) -> None:

@@ -8,15 +8,13 @@ and when a worker is ready, gone or failed to start.
 Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
 order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
 When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
-its cost model; when the executor has nothing left to do, the settle that noticed writes the
-model's history file (on a job thread when it settled on the monitor). Each settled task
-leaves a :class:`TaskTimeline` (at most :data:`TIMELINE_LIMIT`, oldest dropped).
+its cost model (the history file is written by the settle path, :mod:`._settle`).
 
 A task is resolved in one place: :meth:`Core._close` moves it to DONE under the lock (only the
-first caller wins) and emits a :class:`Settle` action; :meth:`Core.settle`, on a settle-pool
-thread, decodes the outcome and sets the future — or :meth:`Core.settle_now`, on the monitor,
-when every call returned plain data and no user callback is attached (nothing it runs can block
-the monitor). Nothing else sets a task's future.
+first caller wins) and emits a :class:`Settle` action; the settle path
+(:class:`._settle.Settling`, the core's base) decodes the outcome and sets the future. Nothing
+else sets a task's future. This executor's workers (adopting, starting, pooling, spares, device
+balance) are :class:`._staff.Staffing`, the core's other base.
 """
 
 from __future__ import annotations
@@ -26,37 +24,26 @@ import heapq
 import logging
 import os
 import time
-import weakref
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from concurrent.futures import CancelledError, Future
 from typing import Any, Literal
-
-import cloudpickle
 
 from . import _scheduler
 from ._costs import CostModel, shared_model
 from ._errors import (
     AFTER_SHUTDOWN,
     Classification,
-    RemoteError,
-    TaskMemoryError,
     WorkerCrashedError,
     WorkerStartError,
-    proxy_from_record,
-    unpickle_error,
 )
 from ._hub import Hub
-from ._messages import Done
-from ._records import ExecutorStatistics, TaskResult, TaskTimeline, count_outcome
-from ._state import Action, Fork, Launch, Send, Settle, StopWorker, Task, TaskState, WorkerHandle
+from ._settle import TIMELINE_LIMIT as TIMELINE_LIMIT
+from ._settle import Settling, Timeline
+from ._state import Action, Fork, Send, Settle, Task, TaskState, WorkerHandle
 
 log = logging.getLogger("precompile_executor")
 
-
-TIMELINE_LIMIT = 10_000
-"""Timeline records an executor keeps (about 200 bytes each); older ones are dropped."""
 
 MAX_REQUEUES = 3
 """A task whose worker died before it started runs elsewhere; after this many such deaths in a
@@ -99,7 +86,7 @@ class Settings:
     max_tasks_per_child: int | None = None
 
 
-class Core:
+class Core(Settling):
     """Scheduling state of one executor (shared by its ``options()`` views)."""
 
     def __init__(self, hub: Hub, settings: Settings) -> None:
@@ -260,92 +247,6 @@ class Core:
         self.changed.notify_all()
         return actions
 
-    def _take_idle(self) -> WorkerHandle:
-        if not self.devices:
-            return self.idle.pop()  # the warmest
-        busy = Counter(w.device for w in self.workers if w.state == "busy")
-        index = _scheduler.pick_idle([w.device for w in self.idle], busy)
-        return self.idle.pop(index)
-
-    def _adopt(self, worker: WorkerHandle) -> None:
-        worker.owner = self
-        worker.idle_timeout_s = self.idle_timeout_s
-        self.workers.add(worker)
-
-    def _adopt_pooled(self) -> bool:
-        """Take a warm idle worker from the hub's pool, keeping devices balanced."""
-        for device in self._devices_least_used_first():
-            worker = self.hub.take_pooled(self.device_key(device))
-            if worker is not None:
-                self._adopt(worker)
-                self.idle.append(worker)
-                return True
-        return False
-
-    def _release_idle(self) -> list[Action]:
-        now = time.monotonic()
-        actions: list[Action] = []
-        for worker in self.idle:
-            actions += self._give_back(worker, now)
-        self.idle.clear()
-        return actions
-
-    def _give_back(self, worker: WorkerHandle, now: float) -> list[Action]:
-        """An idle worker leaves this executor: to the hub's pool, still warm — unless it ran
-        tasks under ``max_tasks_per_child``: then it stops, so the next executor counts its
-        limit from a fresh process, as the stdlib's pool (one pool, its own processes) does."""
-        self.workers.discard(worker)
-        if worker.max_tasks is not None and worker.tasks_run:
-            self.hub.forget(worker)
-            return [StopWorker(worker, kill=False)]
-        self.hub.put_pooled(worker, now)
-        return []
-
-    def _spawn_workers(self) -> list[WorkerHandle]:
-        return [w for w in self.workers if w.kind == "spawn"]
-
-    def _start_workers(self) -> list[Action]:
-        # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
-        if self.broken is not None:
-            return []
-        waiting = self._waiting_spawn(limit=self.max_workers)
-        if not waiting:
-            return []
-        spawn = self._spawn_workers()
-        n = _scheduler.workers_to_start(
-            waiting=waiting,
-            idle=len(self.idle),
-            starting=sum(1 for w in spawn if w.state == "starting"),
-            spawn_workers=len(spawn),
-            in_flight=len(self.in_flight),
-            max_workers=self.max_workers,
-        )
-        starts: list[Action] = [self._new_worker() for _ in range(n)]
-        return starts + self.spares_needed() if starts else starts
-
-    def start_note(self) -> str | None:
-        """Why this executor's workers fell back from a template to interpreters (lock held)."""
-        if self.start != "template":
-            return None
-        return self.hub.template_refused(self.key)
-
-    def effective_start(self) -> str:
-        """How this executor's workers start now (lock held)."""
-        if self.start == "template" and self.start_note() is None:
-            return "template"
-        return "interpreter"
-
-    def _waiting_spawn(self, limit: int) -> int:
-        """Queued spawn tasks not cancelled, counted up to ``limit`` (no decision needs more):
-        the pump runs after every task, so it must not walk a queue of thousands."""
-        n = 0
-        for _, task in self.queues["spawn"]:
-            if task.future_running or not task.future.cancelled():
-                n += 1
-                if n >= limit:
-                    break
-        return n
-
     def enqueue_predicted(self, task: Task) -> list[Action]:
         """Queue ``task``; one with no prediction is placed as the longest task this executor
         has predicted (ties keep submission order), not last and not as an average one: an
@@ -358,56 +259,6 @@ class Core:
         else:
             task.predicted_s = self.predicted_max
         return self.enqueue(task)
-
-    def device_key(self, device: str | None) -> bytes:
-        """The pool key of this executor's workers pinned to ``device``: workers are shared
-        only by executors with the same initializer, device and ``max_tasks_per_child`` (a
-        worker counts its tasks from its start and leaves after that many)."""
-        key = self.key
-        if self.max_tasks_per_child is not None:
-            key += b"|max_tasks=%d" % self.max_tasks_per_child
-        return key if device is None else key + b"|device=" + device.encode()
-
-    def _devices_least_used_first(self) -> list[str | None]:
-        if not self.devices:
-            return [None]
-        load = Counter(w.device for w in self._spawn_workers())
-        return sorted(self.devices, key=lambda d: load[d])  # stable: ties keep list order
-
-    def _new_worker(self, *, owned: bool = True) -> Launch:
-        device = self._devices_least_used_first()[0]
-        worker = self.hub.new_worker(
-            self.device_key(device),
-            self if owned else None,
-            self.idle_timeout_s,
-            device,
-            start=self.start,
-            template_key=self.key,
-            max_tasks=self.max_tasks_per_child,
-        )
-        if owned:
-            self.workers.add(worker)
-        return Launch(worker, self.init_blob)
-
-    def spares_needed(self) -> list[Action]:
-        """Starts that bring the pool's warm spares for this executor up to ``spare_workers``."""
-        if not self.spare_workers or self.shutdown:
-            return []
-        keys = {self.device_key(d) for d in (self.devices or [None])}
-        have = sum(
-            1
-            for w in self.hub.workers
-            if w.owner is None and w.state in ("idle", "starting") and w.key in keys
-        )
-        return [self._new_worker(owned=False) for _ in range(self.spare_workers - have)]
-
-    def warm_up_actions(self) -> list[Action]:
-        """Bring this executor to ``max_workers`` spawn workers (lock held)."""
-        actions: list[Action] = []
-        while len(self._spawn_workers()) < self.max_workers:
-            if not self._adopt_pooled():
-                actions.append(self._new_worker())
-        return actions + self.spares_needed()
 
     # -- the hub's reports (lock held) ----------------------------------------------------------
 
@@ -455,34 +306,6 @@ class Core:
     def task_failed(self, task: Task, error: BaseException) -> list[Action]:
         return self._close(task, error) + self.pump()
 
-    def worker_ready(self, worker: WorkerHandle) -> list[Action]:
-        if self.shutdown and not self.queued():
-            self.workers.discard(worker)
-            self.hub.put_pooled(worker, worker.since)
-            return []
-        self.idle.append(worker)
-        return self.pump()
-
-    def worker_gone(
-        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
-    ) -> list[Action]:
-        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
-        crashed one is, but not counted as a restart)."""
-        self.workers.discard(worker)
-        if worker in self.idle:
-            self.idle.remove(worker)
-        actions: list[Action] = []
-        if worker.kind == "spawn" and not expected:
-            self.restarts += 0 if recycled else 1
-            if not self.shutdown and self.broken is None:
-                # Keep the pool at strength: a warm spare takes the dead worker's place at
-                # once; without one, a replacement starts now, not when the next task comes.
-                if self._adopt_pooled():
-                    actions += self.spares_needed()
-                else:
-                    actions += [self._new_worker(), *self.spares_needed()]
-        return actions + self.pump()
-
     def worker_failed_to_start(self, worker: WorkerHandle, error: BaseException) -> list[Action]:
         self.workers.discard(worker)
         if not isinstance(error, WorkerStartError):
@@ -506,146 +329,6 @@ class Core:
         self.idle.clear()
         self.changed.notify_all()
         return actions
-
-    # -- settling (a settle-pool thread, no lock) --------------------------------------------
-
-    def settle(self, task: Task, outcome: Any) -> None:
-        """Decode ``outcome`` and set ``task``'s future; never raises (a settle thread)."""
-        ok, value = self._decoded(task, outcome)
-        self._recorded(task, ok, value)
-        self._set_and_finish(task, ok, value)
-
-    def settle_now(self, task: Task, outcome: Any) -> bool:
-        """Settle ``task`` on this thread (the monitor's) when that imports nothing and runs no
-        user code: every call returned plain data (``Done.plain``), no output was asked for,
-        and the future has no done-callback but the executor's own. ``False``: nothing done,
-        the caller hands it to a settle thread (docs/design.md, "Threads: who owns what")."""
-        done = outcome[0] if isinstance(outcome, tuple) else None
-        future = task.future
-        if not (isinstance(done, Done) and done.plain) or task.want_output:
-            return False
-        if _user_callbacks(future):
-            return False
-        ok, value = self._decoded(task, outcome)
-        self._recorded(task, ok, value)
-        # Under the future's own lock (an RLock; set_result takes it again): a done-callback
-        # added meanwhile waits for it, then sees the future done and runs on its adder's
-        # thread. Only the executor's own callback (no lock, nothing slow) runs here.
-        with future._condition:
-            late = _user_callbacks(future)
-            if not late:
-                self._set(task, ok, value)
-        if late:  # added between the two checks: its callback must not run on the monitor
-            self.hub.submit_job(self._set_and_finish, task, ok, value)
-            return True
-        save = self._finished(task)
-        if save:
-            self.hub.submit_job(self._save, save)
-        return True
-
-    def _decoded(self, task: Task, outcome: Any) -> tuple[bool, Any]:
-        try:
-            ok, value = self._decode(task, outcome)
-        except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
-            ok, value = False, self._error(unpickle_error(exc))
-        task.decoded_at = time.monotonic()
-        return ok, value
-
-    def _recorded(self, task: Task, ok: bool, value: Any) -> None:
-        with self.lock:
-            # Recorded before the future is set, so whoever waited on it finds its record.
-            task.settled_at = time.monotonic()
-            self.timeline.add(task, ok)
-            count_outcome(self, None if ok else value)
-            if not ok and isinstance(value, TaskMemoryError):
-                self.memory_killed += 1
-
-    @staticmethod
-    def _set(task: Task, ok: bool, value: Any) -> None:
-        try:
-            if ok:
-                task.future.set_result(value)
-            else:
-                task.future.set_exception(value)
-        except BaseException:  # noqa: BLE001 - a done-callback's error is the stdlib's to log
-            log.exception("setting a future raised")
-
-    def _set_and_finish(self, task: Task, ok: bool, value: Any) -> None:
-        try:
-            self._set(task, ok, value)
-        finally:
-            save = self._finished(task)
-            if save:
-                self._save(save)
-
-    def _finished(self, task: Task) -> list[CostModel]:
-        """The future is set: count it settled; the cost models to save if the executor has
-        nothing left to do (lock taken here)."""
-        with self.lock:
-            self.unsettled -= 1
-            if task.origin is not None:
-                task.origin.discard(task)
-            save: list[CostModel] = []
-            if self.learned and not self.busy():
-                # A model without a history file has nothing to write: no job for it.
-                save = [model for model in self.learned if model.path is not None]
-                self.learned = set()
-                if save:
-                    self.saving += 1
-            self.changed.notify_all()
-        return save
-
-    def _save(self, models: list[CostModel]) -> None:
-        """The batch is over: keep what it taught for the next run (a settle thread, no lock).
-        Counted as busy meanwhile, so ``shutdown(wait=True)`` returns with the files written."""
-        try:
-            for model in models:
-                model.save()
-        finally:
-            with self.lock:
-                self.saving -= 1
-                self.changed.notify_all()
-
-    def _decode(self, task: Task, outcome: Any) -> tuple[bool, Any]:
-        if isinstance(outcome, BaseException):
-            return False, self._error(outcome)
-        done, pid = outcome
-        assert isinstance(done, Done)
-        results = [self._decode_one(ok, payload, task, pid) for ok, payload in done.outcomes]
-        if task.chunked:
-            return True, results
-        ok, value = results[0]
-        if ok and task.want_output:
-            elapsed = time.monotonic() - (task.started_at or time.monotonic())
-            value = TaskResult(value, done.output or "", pid, elapsed)
-        return ok, value
-
-    def _decode_one(self, ok: bool, payload: Any, task: Task, pid: int) -> tuple[bool, Any]:
-        if not ok:
-            return False, self._error(proxy_from_record(payload))
-        try:
-            return True, cloudpickle.loads(payload)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit too: it fails this task only
-            error = unpickle_error(exc)
-            error.worker_pid = pid
-            return False, self._error(error)
-
-    def _error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, RemoteError):
-            exc.classification = self._classify(exc)
-        return exc
-
-    def _classify(self, exc: BaseException) -> Classification:
-        if self.ignore_errors:
-            return "debug"
-        if self.classify is None:
-            return "raise"
-        try:
-            verdict = self.classify(exc)
-        except Exception:  # noqa: BLE001 - a broken hook must not lose the task's error
-            log.exception("the classify hook raised; treating the error as 'raise'")
-            return "raise"
-        return verdict if verdict in ("raise", "warn", "debug") else "raise"
 
     # -- shutting down --------------------------------------------------------------------------
 
@@ -694,27 +377,6 @@ class Core:
         for action in actions:
             if isinstance(action, Settle):
                 self.settle(action.task, action.outcome)
-
-    def stop_idle(self) -> list[Action]:
-        """Stop this executor's idle workers (lock held)."""
-        actions: list[Action] = []
-        for worker in self.idle:
-            self.hub.forget(worker)
-            self.workers.discard(worker)
-            actions.append(StopWorker(worker, kill=False))
-        self.idle.clear()
-        return actions
-
-    def stop_starting(self) -> list[Action]:
-        """Stop this executor's workers still starting — a replacement launched just before
-        ``terminate_workers()`` would otherwise say hello afterwards and go to the pool, keeping
-        its template alive too (issue 24) (lock held)."""
-        actions: list[Action] = []
-        for worker in [w for w in self.workers if w.state == "starting"]:
-            self.hub.forget(worker)
-            self.workers.discard(worker)
-            actions.append(StopWorker(worker, kill=True))
-        return actions
 
     # -- the facade's requests (no lock held; the _base.Backend protocol and more) ------------
 
@@ -795,126 +457,6 @@ class Core:
                     log.warning("tasks still in flight %gs after a kill", timeout_s)
                     return
                 self.changed.wait(0.1)
-
-    def warm_up(self, timeout: float | None) -> list[int]:
-        """Start ``max_workers`` spawn workers; return their pids once all are ready."""
-        end = None if timeout is None else time.monotonic() + timeout
-        with self.lock:
-            self.check_open()
-            actions = self.warm_up_actions()
-        self.hub.run(actions)
-        with self.lock:
-            while True:
-                if self.broken is not None:
-                    raise self.broken
-                spawn = self._spawn_workers()
-                if spawn and all(w.state in ("idle", "busy") for w in spawn):
-                    return sorted(w.pid for w in spawn)
-                left = None if end is None else end - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"workers were not ready within {timeout}s")
-                self.changed.wait(left)
-
-    def statistics(self) -> ExecutorStatistics:
-        """An immutable snapshot of the counters, the queue and the workers."""
-        with self.lock:
-            queued = [t for q in self.queues.values() for _, t in q]
-            return ExecutorStatistics(
-                queued=sum(1 for t in queued if t.future_running or not t.future.cancelled()),
-                running=len(self.in_flight),
-                completed=self.completed,
-                failed=self.failed,
-                cancelled=self.cancelled
-                + sum(1 for t in queued if not t.future_running and t.future.cancelled()),
-                timed_out=self.timed_out,
-                crashed=self.crashed,
-                workers_alive=sum(1 for w in self.workers if w.state != "dead"),
-                worker_restarts=self.restarts,
-                spawn_tasks=self.spawn_tasks,
-                fork_tasks=self.fork_tasks,
-                start=self.effective_start(),
-                start_note=self.start_note(),
-                memory_killed=self.memory_killed,
-                waiting_for_memory=(
-                    min(
-                        sum(1 for t in queued if t.future_running or not t.future.cancelled()),
-                        max(0, self.max_workers - len(self.in_flight)),
-                    )
-                    if self.memory_blocked
-                    else 0
-                ),
-                memory_reserved=self.hub.memory.reserved(),
-            )
-
-    def timelines(self) -> tuple[TaskTimeline, ...]:
-        """The settled tasks' timelines, oldest first."""
-        with self.lock:
-            return tuple(self.timeline)
-
-
-class Timeline:
-    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
-    :data:`TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records only when
-    read (``tuple(core.timeline)``, lock held) — a frozen dataclass per task costs more on the
-    settle path than the rest of the record keeping."""
-
-    def __init__(self) -> None:
-        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
-
-    def add(self, task: Task, ok: bool) -> None:
-        self._rows.append(
-            (
-                task.id,
-                task.cost,
-                task.path,
-                task.worker_pid,
-                task.n,
-                task.predicted_s,
-                ok,
-                task.queued_at,
-                task.sent_at,
-                task.started_at,
-                task.done_at,
-                task.decoded_at,
-                task.settled_at,
-                weakref.ref(task.future),
-            )
-        )
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __iter__(self) -> Iterator[TaskTimeline]:
-        for row in list(self._rows):
-            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
-            queued, sent, started, done, decoded, settled = times
-            yield TaskTimeline(
-                task_id=task_id,
-                function=cost.function if cost is not None else "",
-                features=cost.features if cost is not None else "",
-                path=path,
-                worker_pid=pid,
-                calls=calls,
-                predicted_s=predicted_s,
-                ok=ok,
-                queued=queued,
-                sent=sent,
-                started=started,
-                done=done,
-                decoded=decoded,
-                settled=settled,
-                future_ref=future_ref,
-            )
-
-
-OWN_DONE_CALLBACKS = 1
-"""Done-callbacks the executor itself attaches to each future (the cancel notification of
-``_executor._submit``; tests/test_contract.py checks the count): more means a user's."""
-
-
-def _user_callbacks(future: Future[Any]) -> bool:
-    # ``_done_callbacks`` is the stdlib Future's list (3.11-3.14); read, never changed here.
-    return len(future._done_callbacks) > OWN_DONE_CALLBACKS  # type: ignore[attr-defined]
 
 
 def _start_error(error: BaseException) -> WorkerStartError:

@@ -57,6 +57,7 @@ from ._costs import shared_model as _shared_model
 from ._errors import Classification
 from ._hub import current_hub, get_hub
 from ._records import ExecutorStatistics, TaskTimeline
+from ._settle import own_callback
 from ._state import Task
 from ._validate import (
     check_count,
@@ -409,6 +410,7 @@ def pickle_arguments(calls: list[Call]) -> bytes:
     return pickle.dumps(pairs, _PROTOCOL)
 
 
+@own_callback
 def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
     """A future's done-callback (any thread): if the user cancelled it while queued, the core
     notifies its waiters at once."""

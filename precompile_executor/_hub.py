@@ -8,7 +8,10 @@ The hub is the registry (workers, sockets, the idle pool) and the one place the 
 run. Its parts, each with one concern: :class:`._starts.Starts` starts processes (a fork from
 the kind's warm template, whose lifecycle rules are :class:`._templates.Templates`, or a fresh
 interpreter by loky); :class:`._monitor.Monitor` is the monitor thread, which reads every socket
-and hands the hub each message, end of file and due timer. Until a worker says hello, the
+and hands the hub each message, end of file and due timer. Two bases of :class:`Hub` hold the
+rest: :class:`._hub_tasks.TaskPath` a task's way (send, fork, ``Started``, ``Done``, settle
+hand-off, kills, the memory watcher's hooks) and :class:`._hub_ends.WorkerEnds` a worker's end
+(end of file, reaping, a failed start, retiring, stopping). Until a worker says hello, the
 monitor also watches its process sentinel, so a worker that dies while starting is noticed at
 once.
 
@@ -18,7 +21,8 @@ Threads and what they own:
   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
   the user's done-callbacks) to the settle threads — except a plain result with no user
-  callback, which it settles itself (``Core.settle_now``). It alone closes worker sockets.
+  callback, which it settles itself (``Settling.settle_now``, :mod:`._settle`). It alone closes
+  worker sockets.
 * **job pool** (bounded, :class:`._jobs.JobPool`): starts workers, kills process groups, reaps
   dead workers and reports their tasks, stops workers.
 * **settle threads** (at most a few, a ``JobPool`` too): unpickle results and set futures.
@@ -44,34 +48,30 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from concurrent.futures import CancelledError
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
 from . import _process
 from ._errors import (
-    TaskMemoryError,
-    TaskTimeoutError,
-    WorkerCrashedError,
     WorkerStartError,
     proxy_from_record,
 )
-from ._fork import fork_task
+from ._hub_ends import _reap_child
+from ._hub_tasks import TaskPath
 from ._jobs import JobPool
-from ._memory import MemoryGuard, anon_bytes, kill_now
+from ._memory import MemoryGuard
 from ._messages import (
     Done,
     Exited,
     Forked,
     ForkRefused,
     Hello,
-    Run,
     Started,
     Stop,
     encode,
 )
 from ._monitor import Monitor
-from ._starts import Starts, died_early
+from ._starts import Starts
 from ._state import (
     Action,
     Doom,
@@ -81,14 +81,11 @@ from ._state import (
     Send,
     Settle,
     StopWorker,
-    Task,
-    TaskState,
     WorkerHandle,
 )
 from ._templates import (
     Decision,
 )
-from ._worker import read_capture_file
 
 log = logging.getLogger("precompile_executor")
 
@@ -105,7 +102,7 @@ SETTLE_THREADS = 4
 one. Idle ones end, like the job threads."""
 
 
-class Hub:
+class Hub(TaskPath):
     """Process-wide owner of workers, the listening socket, the monitor and the job pools."""
 
     def __init__(self) -> None:
@@ -245,63 +242,6 @@ class Hub:
         except RuntimeError:  # the interpreter is past the point of new threads: do it here
             fn(*args)
 
-    def _settle(self, task: Task, outcome: Any) -> None:
-        try:
-            self._settlers.submit(task.owner.settle, task, outcome)
-        except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
-            task.owner.settle(task, outcome)
-
-    def _send(self, worker: WorkerHandle, task: Task) -> None:
-        assert task.blob is not None
-        message = encode(Run(task.id, task.n, task.want_output, task.blob))
-        log.debug("task %d on the spawn path, worker pid %d", task.id, worker.pid)
-        with worker.send_lock:
-            conn = worker.conn
-            try:
-                if conn is None or conn.closed:
-                    raise OSError("socket closed")
-                conn.send_bytes(message)
-            except (OSError, ValueError):
-                # The worker is dying; its end of file (read by the monitor) puts the task,
-                # which never started, back in the queue.
-                log.debug("task %d: worker pid %d gone before the send", task.id, worker.pid)
-
-    def _fork(self, task: Task) -> None:
-        assert task.calls is not None
-        worker = WorkerHandle("fork", b"", self.new_capture_path())
-        worker.owner = task.owner
-        # What the child starts with is the caller's: its memory charge counts from here.
-        anon_at_fork = anon_bytes(os.getpid()) if task.memory_limit is not None else 0
-        try:
-            pid, conn = fork_task(
-                task.id,
-                task.calls,
-                task.want_output,
-                worker.capture_path,
-                self.guardian.fileno(),
-                self.monitor.private_fds(),
-            )
-        except Exception as exc:  # noqa: BLE001 - e.g. EAGAIN: too many processes
-            with self.lock:
-                actions = task.owner.task_failed(task, exc)
-            self.run(actions)
-            return
-        self.guardian.watch(pid)  # the child registered itself too, before anything else
-        now = time.monotonic()
-        with self.lock:
-            worker.pid = pid
-            worker.conn = conn
-            worker.state = "busy"
-            worker.task = task
-            task.worker = worker
-            task.start(now)
-            if task.memory_limit is not None:
-                self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
-            self.workers.add(worker)
-            self.conns[conn] = worker
-        log.debug("task %d on the fork path, child pid %d", task.id, pid)
-        self.wake()
-
     def register_starting(self, worker: WorkerHandle) -> None:
         """Register a new worker or template in state ``starting`` (``lock`` held)."""
         self._starting[worker.token] = worker
@@ -311,114 +251,11 @@ class Hub:
         """Why workers of kind ``key`` start as interpreters, or ``None`` (``lock`` held)."""
         return self.templates.refusal(key)
 
-    def _stop(self, worker: WorkerHandle, kill: bool) -> None:
-        """Stop a worker already marked dead: ask its serve loop to return, or kill its group."""
-        if kill or worker.conn is None:
-            if worker.pid:
-                _process.kill_group(worker.pid, grace_s=0)
-            if worker.conn is None:  # never connected: nothing will report its end
-                self.retire(worker)
-            return
-        with worker.send_lock:
-            conn = worker.conn
-            with contextlib.suppress(OSError, ValueError):
-                if not conn.closed:
-                    conn.send_bytes(encode(Stop()))
         # its end of file reaches the monitor, which retires it
 
     # -- worker ends ---------------------------------------------------------------------------
 
-    def forget(self, worker: WorkerHandle) -> None:
-        """Drop a worker from every registry (``lock`` held)."""
-        worker.die(time.monotonic())
-        self.workers.discard(worker)
-        self._starting.pop(worker.token, None)
-        self._unpool(worker)
-        if worker.kind == "template":
-            self.templates.forget(worker)
-        elif worker.kind == "spawn":
-            self.templates.drop_pending(worker)  # not forked yet: never will be
-        self.changed.notify_all()
-
-    def start_failed(self, worker: WorkerHandle, error: BaseException) -> None:
-        with self.lock:
-            if worker.state == "dead":
-                return
-            self.forget(worker)
-            owner = worker.owner
-            actions = owner.worker_failed_to_start(worker, error) if owner is not None else []
-        if worker.kind == "template":
-            log.debug("a warm template failed to start: %s", error)
-            self.retire(worker)
-            self.starts.template_gone(worker, said_hello=False)
-            return
-        log.warning("a worker failed to start: %s", error)
-        self.retire(worker)
-        self.run(actions)
-
-    def retire(self, worker: WorkerHandle) -> None:
-        """Release a dead worker's resources: socket, process, guardian entry, capture file."""
-        if worker.conn is not None:
-            self.monitor.close_conn(worker.conn, worker.send_lock)
-        process = worker.process
-        if process is not None:
-            process.join(5.0)
-            if process.exitcode is None:  # told to stop but still there: no more waiting
-                _process.kill_group(worker.pid, grace_s=0)
-                process.join(5.0)
-        if worker.pid:
-            self.guardian.forget(worker.pid)
-        with contextlib.suppress(OSError):
-            os.unlink(worker.capture_path)
-
-    def _reap(self, worker: WorkerHandle, task: Task | None) -> None:
-        """A worker's socket closed: get its exit code, report its started task (job pool)."""
-        if worker.kind == "fork":
-            code = _reap_child(worker.pid)
-        else:
-            code = self.starts.exit_code_of(worker)
-        output = read_capture_file(worker.capture_path) if task is not None else ""
-        self.retire(worker)
-        if task is None:
-            return
-        doom = task.doom
-        error: BaseException
-        if doom is not None and doom.reason == "timeout":
-            elapsed = doom.at - (task.started_at or doom.at)
-            error = TaskTimeoutError(task.timeout or 0.0, elapsed, worker.pid, output)
-        elif doom is not None and doom.reason == "memory":
-            error = TaskMemoryError(task.memory_limit or 0, task.memory_peak, worker.pid, output)
-        else:
-            error = WorkerCrashedError(worker.pid, code, output, detail=doom.detail if doom else "")
-        with self.lock:
-            actions = task.owner.task_failed(task, error)
-        self.run(actions)
-
     # -- killing -------------------------------------------------------------------------------
-
-    def kill_tasks(self, tasks: Iterable[Task], detail: str, grace_s: float) -> list[Task]:
-        """Kill the workers running (or about to run) ``tasks``; once reaped, a started one
-        fails with ``WorkerCrashedError`` saying ``detail``, one not yet started is cancelled.
-        Returns the tasks a kill went out for."""
-        now = time.monotonic()
-        victims: list[tuple[Task, WorkerHandle]] = []
-        with self.lock:
-            for task in tasks:
-                worker = task.worker
-                live = task.state in (TaskState.SENT, TaskState.STARTED)
-                if live and task.doom is None and worker is not None:
-                    task.doom = Doom("killed", now, detail)
-                    victims.append((task, worker))
-        threads = [
-            threading.Thread(target=_process.kill_group, args=(w.pid, grace_s), daemon=True)
-            for _, w in victims
-            if w.pid
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=grace_s + 10)
-        return [t for t, _ in victims]
 
     # -- what the monitor reports (the monitor thread; see _monitor.py) ------------------------
 
@@ -430,12 +267,6 @@ class Hub:
             if worker.process is not None and worker.state == "starting":
                 live[worker] = worker.process.sentinel
         return live
-
-    def died_starting(self, worker: WorkerHandle) -> None:
-        with self.lock:
-            if worker.state != "starting":
-                return
-        self.start_failed(worker, died_early(worker, self.starts.exit_code_of(worker)))
 
     def dispatch(self, conn: Connection, message: Any) -> None:
         if isinstance(message, Started):
@@ -491,95 +322,6 @@ class Hub:
             return
         log.debug("%s pid %d ready", worker.kind, message.pid)
         self.starts.carry(decisions)
-        self.run(actions)
-
-    def _started(self, conn: Connection, message: Started) -> None:
-        with self.lock:
-            worker = self.conns.get(conn)
-            task = worker.task if worker is not None else None
-            if task is not None and task.id == message.task_id and task.state is TaskState.SENT:
-                task.start(time.monotonic())
-                if task.memory_limit is not None and worker is not None:
-                    self.memory.watch(task, worker.pid, task.memory_limit)
-
-    def _memory_exceeded(self, task: Task, pid: int, peak: int) -> None:
-        """The memory watcher saw ``task``'s group past its limit: doom it and kill the group
-        at once, no grace (the machine's memory is at stake); its end of file makes the
-        reaper report :class:`TaskMemoryError`. Watcher thread, no lock held."""
-        with self.lock:
-            worker = task.worker
-            if task.state is not TaskState.STARTED or task.doom is not None:
-                return
-            if worker is None or worker.pid != pid:
-                return
-            task.doom = Doom("memory", time.monotonic())
-            task.memory_peak = peak
-        log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
-        kill_now(pid)
-        self.submit_job(_process.kill_group, pid, 0.0)  # waits for them; catches stragglers
-
-    def _repump(self, core: Any) -> None:
-        """Memory may have freed: let ``core``'s queue go on (memory watcher, no lock held)."""
-        with self.lock:
-            actions = core.pump()
-        self.run(actions)
-
-    def _done(self, conn: Connection, message: Done) -> None:
-        actions: list[Action] = []
-        with self.lock:
-            worker = self.conns.get(conn)
-            task = worker.task if worker is not None else None
-            if worker is None or task is None or task.id != message.task_id:
-                return
-            if task.state is not TaskState.STARTED or task.doom is not None:
-                return  # being killed: the reaper reports it
-            if message.retire:
-                # A sticky CUDA error: this process is done for; replace it like a crashed one.
-                log.debug("worker pid %d retires after a sticky CUDA error", worker.pid)
-                self.forget(worker)
-            elif message.recycle:
-                # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
-                # it at once (from the warm template: milliseconds).
-                self.forget(worker)
-            actions += task.owner.task_returned(task, (message, worker.pid))
-            if (message.retire or message.recycle) and worker.owner is not None:
-                actions += worker.owner.worker_gone(
-                    worker, expected=False, recycled=message.recycle
-                )
-        if message.retire:
-            actions.append(StopWorker(worker, kill=True))
-        self.run(actions)
-
-    def eof(self, conn: Connection) -> None:
-        actions: list[Action] = []
-        with self.lock:
-            if conn in self.monitor.unknown:
-                self.monitor.unknown.remove(conn)
-                conn.close()
-                return
-            worker = self.conns.pop(conn, None)
-            if worker is None:
-                return
-            task = worker.task
-            was_alive = worker.state != "dead"
-            self.forget(worker)
-            started = None
-            if task is not None and task.state is TaskState.SENT and task.doom is not None:
-                actions += task.owner.task_failed(task, CancelledError(task.doom.detail))
-            elif task is not None and task.state is TaskState.SENT:
-                actions += task.owner.task_lost(task)  # never started: it runs elsewhere
-            elif task is not None and task.state is TaskState.STARTED:
-                started = task  # the reaper reports it, with the exit code and the output
-            owner = worker.owner
-            if was_alive and owner is not None:
-                expected = worker.kind == "fork" and task is None
-                actions += owner.worker_gone(worker, expected=expected)
-        with worker.send_lock, contextlib.suppress(OSError):
-            conn.close()  # the monitor's own thread, and no send in progress: safe
-            worker.conn = None
-        if worker.kind == "template":
-            self.starts.template_gone(worker, said_hello=True)
-        self.submit_job(self._reap, worker, started)
         self.run(actions)
 
     # -- deadlines and idle limits -----------------------------------------------------------
@@ -684,22 +426,6 @@ class Hub:
         self._settlers.shutdown(wait=True, timeout_s=10.0)
         self.guardian.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _reap_child(pid: int) -> int | None:
-    """Wait for our forked child ``pid`` and return its exit code (negative: signal)."""
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            _process.kill_group(pid, grace_s=0)
-            deadline = time.monotonic() + 5.0
-        time.sleep(0.005)
 
 
 _hub: Hub | None = None

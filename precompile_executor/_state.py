@@ -113,7 +113,6 @@ class Task:
     started_at: float | None = None
     deadline: float | None = None
     doom: Doom | None = None
-    origin: set[Task] | None = None  # the outstanding-task set of the view it came from
     cost: CostKey | None = None  # what its duration is predicted and recorded under
     costs: CostModel | None = None  # where its duration is recorded
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)

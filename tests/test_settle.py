@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from precompile_executor import PrecompileExecutor
-from precompile_executor._core import OWN_DONE_CALLBACKS
+from precompile_executor._settle import user_callbacks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,13 +49,43 @@ def _settled_on(future: Future[Any]) -> str:
     return seen[0]
 
 
-def test_the_executor_attaches_exactly_its_own_callbacks(executor: PrecompileExecutor) -> None:
-    future = executor.submit(abs, -1)
-    # Read before anything else attaches one: the count settle_now() takes as the executor's.
-    with future._condition:
-        count = len(future._done_callbacks)  # type: ignore[attr-defined]
-    assert future.result(timeout=60) == 1
-    assert count == OWN_DONE_CALLBACKS
+def test_the_executor_and_its_views_attach_only_their_own_callbacks(
+    executor: PrecompileExecutor,
+) -> None:
+    """settle_now() takes a future whose callbacks are all marked the library's own; a view adds
+    one more (its shutdown's bookkeeping), marked too — and a user's is seen as a user's."""
+    view = executor.options(timeout=60)
+    counts = []
+    for ex in (executor, view):
+        with ex.batch():  # nothing is dispatched in the block: the future cannot finish yet
+            future = ex.submit(abs, -1)
+            counts.append(len(future._done_callbacks))  # type: ignore[attr-defined]
+            assert not user_callbacks(future), future._done_callbacks  # type: ignore[attr-defined]
+        assert future.result(timeout=60) == 1
+    assert counts == [1, 2]  # the executor's own; a view's future: the view's own too
+    future = Future[Any]()
+    future.add_done_callback(lambda _: None)
+    assert user_callbacks(future)
+
+
+def test_a_views_plain_results_are_settled_on_the_monitor(
+    executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No hand-off to a settle thread for a view's plain result with no user callback."""
+    hub = executor._backend.hub
+    handed_off: list[int] = []
+    original = hub._settle
+
+    def settle(task: Any, outcome: Any) -> None:
+        handed_off.append(task.id)
+        original(task, outcome)
+
+    monkeypatch.setattr(hub, "_settle", settle)
+    view = executor.options(timeout=60)
+    assert [view.submit(abs, -i).result(timeout=60) for i in range(10)] == list(range(10))
+    assert handed_off == []
+    assert view.submit(make_point, 2).result(timeout=60).x == 2  # imports: handed off
+    assert len(handed_off) == 1
 
 
 @pytest.mark.parametrize(

@@ -32,27 +32,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
-import itertools
 import logging
-import pickle
 import threading
 import time
-import uuid
-from collections.abc import Set as AbstractSet
-from concurrent.futures import Future, InvalidStateError
-from typing import Any, Literal
+from typing import Any
 
-import cloudpickle
-
-from .._base import TaskOptions
+from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
 from .._errors import (
-    AFTER_SHUTDOWN,
-    RemoteError,
-    WorkerCrashedError,
     WorkerStartError,
-    unpickle_error,
 )
-from .._records import TaskCounts, TaskResult, count_outcome
 from . import _node
 from ._plan import departed, free_slots, pick_node
 
@@ -67,7 +55,7 @@ FETCH_POLL_S = 0.5
 resolved otherwise (its node died after finishing, before the outcome could be fetched)."""
 
 
-class NodeLostError(WorkerCrashedError):
+class NodeLostError(ClusterNodeLost):
     """The dask worker (node) that held the task left the cluster: its process died or was
     removed. The task may be the cause, so it is not run again; other tasks go on elsewhere.
 
@@ -75,23 +63,17 @@ class NodeLostError(WorkerCrashedError):
         node: the dask worker's address.
     """
 
-    def __init__(self, node: str, detail: str = "") -> None:
-        msg = (
+    @staticmethod
+    def describe(node: str) -> str:
+        return (
             f"dask worker {node} left the cluster while it held the task; the task is not re-run "
             "(it may be the cause). The other tasks go on on the remaining nodes; check that "
             "node's log (an OOM kill, a crashed dask worker)"
         )
-        super().__init__(0, None, detail=detail)
-        self._message = f"{msg}; {detail}" if detail else msg
-        self.args = (self._message,)
-        self.node = node
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.node, self._detail))
 
 
 @dataclasses.dataclass(frozen=True)
-class DaskExecutorStatistics(TaskCounts):
+class DaskExecutorStatistics(ClusterStatistics):
     """An immutable snapshot of a :class:`DaskPrecompileExecutor`, from ``statistics()``: the
     :class:`~precompile_executor.TaskCounts` (``queued``: in the caller's queue; ``running``:
     started on a node), and
@@ -103,27 +85,11 @@ class DaskExecutorStatistics(TaskCounts):
         nodes_lost: nodes that left while this executor ran.
     """
 
-    dispatched: int
-    nodes: int
-    slots: int
-    nodes_lost: int
-
 
 @dataclasses.dataclass(eq=False)
-class Task:
-    id: int
-    key: str
-    future: Future[Any]
-    blob: bytes
-    opts: TaskOptions
-    state: Literal["queued", "dispatched", "running"] = "queued"
-    node: str = ""
+class Task(ClusterTask):
     token: str = ""
     dask_future: Any = None
-
-    def sort_key(self) -> tuple[float, float, int]:
-        """Higher priority first, then the longest cost hint, then the oldest."""
-        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
 
 
 @dataclasses.dataclass(eq=False)
@@ -134,37 +100,21 @@ class Node:
     keys: set[str] = dataclasses.field(default_factory=set)
 
 
-_ids = itertools.count(1)
-
-
-class State:
+class State(ClusterState[Task, Node, DaskExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
 
+    task_type = Task
+    statistics_type = DaskExecutorStatistics
+
     def __init__(self, client: Any, plugin_name: str, workers: frozenset[str] | None) -> None:
+        super().__init__()
         self.client = client
         self.plugin_name = plugin_name
         self.topic = f"{plugin_name}-started"
         self.only = workers
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
-        self.poked = False
-        self.queue: list[tuple[tuple[float, float, int], Task]] = []
-        self.in_flight: dict[str, Task] = {}
-        self.nodes: dict[str, Node] = {}
-        self.kills: list[Task] = []
-        self.held = 0
-        self.closing = False
-        self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
-        self.completed = self.failed = self.cancelled = 0
-        self.timed_out = self.crashed = self.nodes_lost = 0
         self.thread = threading.Thread(
             target=self.run, name="precompile-dask-dispatch", daemon=True
         )
-
-    def poke(self) -> None:
-        """Wake the dispatcher (lock held)."""
-        self.poked = True
-        self.wake.notify()
 
     # -- the dispatcher thread -------------------------------------------------------------------
 
@@ -183,12 +133,7 @@ class State:
                 next_refresh = time.monotonic() + NODE_POLL_S
             with self.lock:
                 sends = self.plan()
-                done = (
-                    self.closing
-                    and not self.in_flight
-                    and not self.kills
-                    and not any(not t.future.cancelled() for _, t in self.queue)
-                )
+                done = self.drained()
             for task in sends:
                 self.send(task)
             if done and not sends:
@@ -245,7 +190,10 @@ class State:
             task.dask_future = fut
         fut.add_done_callback(lambda f: self.on_dask_done(task, f))
 
-    def kill_on_node(self, task: Task, *, cancel_dask: bool) -> None:
+    def node_lost(self, node: str, detail: str) -> BaseException:
+        return NodeLostError(node, detail)
+
+    def kill_on_node(self, task: Task, *, cancel_dask: bool = False) -> None:
         """Stop ``task`` on its node: dask forgets it, the node cancels or kills it."""
         fut, task.dask_future = task.dask_future, None
         if cancel_dask and fut is not None:
@@ -305,18 +253,6 @@ class State:
 
     # -- other threads ---------------------------------------------------------------------------
 
-    def take(self, task: Task) -> bool:
-        """Claim ``task`` out of ``in_flight``: True for the one caller that resolves it."""
-        with self.lock:
-            if self.in_flight.get(task.key) is not task:
-                return False
-            del self.in_flight[task.key]
-            node = self.nodes.get(task.node)
-            if node is not None:
-                node.keys.discard(task.key)
-            self.poke()
-            return True
-
     def on_started(self, event: tuple[float, dict[str, Any]]) -> None:
         """A node's pool started a task (the client's IO loop thread)."""
         key = event[1].get("key")
@@ -328,23 +264,6 @@ class State:
                 return  # cancelled meanwhile: its callback (waiting for this lock) kills it
             task.state = "running"
             task.future.set_running_or_notify_cancel()
-
-    def on_future_done(self, task: Task, future: Future[Any]) -> None:
-        """The caller's future finished; if it was cancelled, stop the task (any thread)."""
-        if not future.cancelled():
-            return
-        with self.lock:
-            # Only here (on_started skips a cancelled future), at once: wait() and
-            # as_completed() see it without waiting for a node slot.
-            future.set_running_or_notify_cancel()
-            self.cancelled += 1
-            if self.in_flight.get(task.key) is task:
-                del self.in_flight[task.key]
-                node = self.nodes.get(task.node)
-                if node is not None:
-                    node.keys.discard(task.key)
-                self.kills.append(task)
-                self.poke()
 
     def on_dask_done(self, task: Task, fut: Any) -> None:
         """The dask task finished (dask's callback thread): fetch the outcome, resolve."""
@@ -378,132 +297,6 @@ class State:
             assert outcome is not None
             self.finish_outcome(task, outcome)
 
-    # -- resolving a task (no lock held; the caller owns the task) -------------------------------
-
-    def finish_outcome(self, task: Task, outcome: dict[str, Any]) -> None:
-        status = outcome.get("status")
-        if status == "ok":
-            try:
-                value = cloudpickle.loads(outcome["value"])
-            except Exception as exc:  # noqa: BLE001
-                err = unpickle_error(exc)
-                err.worker_pid = int(outcome.get("pid", 0))
-                self.finish(task, exc=err)
-                return
-            if task.opts.with_output:
-                value = TaskResult(
-                    value, outcome["output"], outcome["pid"], float(outcome["elapsed_s"])
-                )
-            self.finish(task, value=value)
-        elif status == "error":
-            try:
-                error = pickle.loads(outcome["error"])
-            except Exception as exc:  # noqa: BLE001 - should not happen: records are plain
-                error = RuntimeError(f"the task failed and its error could not be loaded: {exc}")
-            if isinstance(error, RemoteError):
-                error.classification = outcome.get("classification", "raise")
-            self.finish(task, exc=error)
-        elif outcome.get("reason") == "cancelled":
-            task.future.cancel()  # killed on the node before it started (interrupt())
-        elif outcome.get("reason") == "node-changed":
-            self.finish(task, exc=NodeLostError(task.node, outcome.get("message", "")))
-        else:
-            self.finish(task, exc=WorkerStartError(outcome.get("message", "node unavailable")))
-
-    def finish(self, task: Task, *, exc: BaseException | None = None, value: Any = None) -> None:
-        """The one place that resolves a task's future."""
-        with self.lock:
-            count_outcome(self, exc)
-            if isinstance(exc, WorkerStartError) and self.broken is None:
-                self.broken = exc
-            self.wake.notify_all()
-        future = task.future
-        try:
-            if future.cancelled():
-                return
-            if not future.running() and not future.set_running_or_notify_cancel():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(value)
-        except (InvalidStateError, RuntimeError):
-            pass  # cancelled in between: the cancel stands
-
-    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
-
-    def unstarted(self) -> list[Task]:
-        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
-        queued = [t for _, t in self.queue]
-        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
-
-    def hold(self) -> None:
-        with self.lock:
-            self.held += 1
-
-    def release(self) -> None:
-        with self.lock:
-            self.held -= 1
-            self.poke()
-
-    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
-        """Take no new tasks; when the last one is done, unregister the nodes' pools."""
-        with self.lock:
-            self.closing = True
-            self.held = 0
-            unstarted = self.unstarted()
-            self.poke()
-        if cancel_futures:
-            for task in unstarted:
-                task.future.cancel()
-
-    def join(self) -> None:
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join()
-
-    def interrupt(self) -> None:
-        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
-        with self.lock:
-            unstarted = self.unstarted()
-        for task in unstarted:
-            task.future.cancel()
-        self.kill(None)
-
-    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
-        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
-        (``WorkerCrashedError``, "killed ...") still comes back through dask."""
-        with self.lock:
-            running = [
-                t
-                for t in self.in_flight.values()
-                if t.state == "running" and (futures is None or t.future in futures)
-            ]
-        for task in running:
-            self.kill_on_node(task, cancel_dask=False)
-        return [t.future for t in running]
-
-    def enqueue(self, name: str, blob: bytes, opts: TaskOptions) -> Future[Any]:
-        """Queue a pickled call; return its future (raises once shut down or broken)."""
-        future: Future[Any] = Future()
-        task = Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, opts)
-        with self.lock:
-            if self.broken is not None:
-                raise self.broken
-            if self.closing:
-                raise RuntimeError(AFTER_SHUTDOWN)
-        future.add_done_callback(lambda f: self.on_future_done(task, f))
-        with self.lock:
-            if self.closing:
-                raise RuntimeError(AFTER_SHUTDOWN)
-            heapq.heappush(self.queue, (task.sort_key(), task))
-            self.poke()
-        return future
-
-    def windows(self) -> dict[str, int]:
-        """The nodes taking tasks now: address → window."""
-        with self.lock:
-            return {a: n.window for a, n in self.nodes.items()}
-
     def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
         """Start every node's pool workers now; return their pids per node."""
         with self.lock:
@@ -515,21 +308,3 @@ class State:
             if isinstance(got, BaseException):
                 raise WorkerStartError(f"node {address} could not start its pool: {got}") from got
         return {a: list(p) for a, p in results.items()}
-
-    def statistics(self) -> DaskExecutorStatistics:
-        """An immutable snapshot of the queue, the tasks in flight and the nodes."""
-        with self.lock:
-            states = [t.state for t in self.in_flight.values()]
-            return DaskExecutorStatistics(
-                queued=sum(1 for _, t in self.queue if not t.future.cancelled()),
-                dispatched=states.count("dispatched"),
-                running=states.count("running"),
-                completed=self.completed,
-                failed=self.failed,
-                cancelled=self.cancelled,
-                timed_out=self.timed_out,
-                crashed=self.crashed,
-                nodes=len(self.nodes),
-                slots=sum(n.window for n in self.nodes.values()),
-                nodes_lost=self.nodes_lost,
-            )

@@ -16,15 +16,9 @@ from typing import Any
 
 import cloudpickle
 
-from .._base import BaseExecutor, Call, Path, TaskOptions, failed_future, serialization_error
-from .._errors import AFTER_SHUTDOWN, Classification, WorkerStartError
-from .._validate import (
-    check_count,
-    check_initializer,
-    check_memory_limit,
-    check_timeout,
-    describe_unpicklable,
-)
+from .._base import BaseExecutor, Call, Path, TaskOptions
+from .._errors import Classification, WorkerStartError
+from .._validate import check_count, check_initializer, check_memory_limit, check_timeout
 from . import _node
 from ._dispatch import DaskExecutorStatistics, NodeLostError, State
 from ._plugin import NodeCleanupPlugin, NodePlugin
@@ -120,19 +114,7 @@ class DaskPrecompileExecutor(BaseExecutor[State]):
     def _send(
         self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
     ) -> Future[Any]:
-        (fn, args, kwargs) = calls[0]
-        state = self._backend
-        try:
-            blob = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
-            with state.lock:
-                if state.closing:
-                    raise RuntimeError(AFTER_SHUTDOWN) from None
-                state.failed += 1
-            what = describe_unpicklable(fn, args, kwargs)
-            advice = "Tasks on a dask cluster must pickle (cloudpickle)."
-            return failed_future(serialization_error(what, "to send it to a node", advice, exc))
-        return state.enqueue(getattr(fn, "__name__", "task"), blob, opts)
+        return self._backend.submit_call(calls[0], opts, "a dask cluster")
 
     # -- the nodes -------------------------------------------------------------------------------
 

@@ -36,30 +36,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
-import itertools
 import logging
-import pickle
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, Literal
 
-import cloudpickle
 import ray
 
 from .._base import TaskOptions
 from .._cluster_plan import departed, free_slots, has_resources, node_window, pick_node
+from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
 from .._errors import (
-    AFTER_SHUTDOWN,
-    RemoteError,
-    WorkerCrashedError,
     WorkerStartError,
-    unpickle_error,
 )
-from .._records import TaskCounts, TaskResult, count_outcome
 from . import _placement
 
 log = logging.getLogger("precompile_executor.ray")
@@ -82,7 +74,7 @@ PLACE_RETRY_S = 10.0
 is tried again this much later, not at every refresh."""
 
 
-class NodeLostError(WorkerCrashedError):
+class NodeLostError(ClusterNodeLost):
     """The Ray node (or its node actor) that held the task was lost: the node left the cluster,
     or the actor's process died. The task may be the cause, so it is not run again; other tasks
     go on on the remaining nodes.
@@ -91,23 +83,17 @@ class NodeLostError(WorkerCrashedError):
         node: the Ray node id (hex).
     """
 
-    def __init__(self, node: str, detail: str = "") -> None:
-        msg = (
+    @staticmethod
+    def describe(node: str) -> str:
+        return (
             f"Ray node {node} was lost while it held the task; the task is not re-run (it may be "
             "the cause). The other tasks go on on the remaining nodes; check that node's raylet "
             "log (an OOM kill, a crashed raylet or actor)"
         )
-        super().__init__(0, None, detail=detail)
-        self._message = f"{msg}; {detail}" if detail else msg
-        self.args = (self._message,)
-        self.node = node
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.node, self._detail))
 
 
 @dataclasses.dataclass(frozen=True)
-class RayExecutorStatistics(TaskCounts):
+class RayExecutorStatistics(ClusterStatistics):
     """An immutable snapshot of a :class:`~._executor.RayPrecompileExecutor`, from
     ``statistics()``: the :class:`~precompile_executor.TaskCounts` (``queued``: in the caller's
     queue; ``running``: started on a node; ``crashed`` includes tasks whose node was lost), and
@@ -119,11 +105,6 @@ class RayExecutorStatistics(TaskCounts):
         nodes_lost: nodes (or node actors) lost while this executor ran.
     """
 
-    dispatched: int
-    nodes: int
-    slots: int
-    nodes_lost: int
-
 
 @dataclasses.dataclass(frozen=True)
 class RayTaskOptions(TaskOptions):
@@ -134,20 +115,10 @@ class RayTaskOptions(TaskOptions):
 
 
 @dataclasses.dataclass(eq=False)
-class Task:
-    id: int
-    key: str
-    future: Future[Any]
-    blob: bytes
+class Task(ClusterTask):
     opts: RayTaskOptions
-    state: Literal["queued", "dispatched", "running"] = "queued"
-    node: str = ""
     actor: Any = None
     ref: Any = None  # the run() call's ObjectRef, held until the task is resolved
-
-    def sort_key(self) -> tuple[float, float, int]:
-        """Higher priority first, then the longest cost hint, then the oldest."""
-        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
 
 
 @dataclasses.dataclass(eq=False)
@@ -158,9 +129,6 @@ class Node:
     resources: dict[str, float]
     keys: set[str] = dataclasses.field(default_factory=set)
     polling: Any = None  # the starts() long poll's ObjectRef while one is out
-
-
-_ids = itertools.count(1)
 
 
 def check_resources(value: object, name: str = "resources") -> tuple[tuple[str, float], ...]:
@@ -191,8 +159,11 @@ def check_devices_per_node(value: object) -> tuple[int | str, ...] | Literal["au
         raise type(exc)(str(exc).replace("devices", "devices_per_node", 1)) from None
 
 
-class State:
+class State(ClusterState[Task, Node, RayExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
+
+    task_type = Task
+    statistics_type = RayExecutorStatistics
 
     def __init__(
         self,
@@ -201,33 +172,20 @@ class State:
         devices_per_node: tuple[int | str, ...] | Literal["auto"] | None,
         resources: tuple[tuple[str, float], ...],
     ) -> None:
+        super().__init__()
         self.session = f"precompile-executor-{uuid.uuid4().hex[:12]}"
         self.settings = settings
         self.max_workers_per_node = max_workers_per_node
         self.devices_per_node = devices_per_node
         self.resources = dict(resources)
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
-        self.poked = False
-        self.queue: list[tuple[tuple[float, float, int], Task]] = []
-        self.in_flight: dict[str, Task] = {}
-        self.nodes: dict[str, Node] = {}
         self.placing: dict[str, Node] = {}  # open() sent, not answered
         self.retry_at: dict[str, float] = {}  # node id -> when to try placing again
         self.inbox: list[tuple[str, str, Any, Future[Any]]] = []  # (what, node, actor, answer)
         self.refreshed = False
-        self.kills: list[Task] = []
-        self.held = 0
-        self.closing = False
-        self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
-        self.completed = self.failed = self.cancelled = 0
-        self.timed_out = self.crashed = self.nodes_lost = 0
         self.thread = threading.Thread(target=self.run, name="precompile-ray-dispatch", daemon=True)
 
-    def poke(self) -> None:
-        """Wake the dispatcher (lock held)."""
-        self.poked = True
-        self.wake.notify_all()
+    def node_lost(self, node: str, detail: str) -> BaseException:
+        return NodeLostError(node, detail)
 
     def post(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
         """An answer from a node, for the dispatcher (a Ray callback thread)."""
@@ -258,12 +216,7 @@ class State:
                 polls = [n for n in self.nodes.values() if n.keys and n.polling is None]
                 for node in polls:
                     node.polling = True  # until poll_starts() stores the call's ObjectRef
-                done = (
-                    self.closing
-                    and not self.in_flight
-                    and not self.kills
-                    and not any(not t.future.cancelled() for _, t in self.queue)
-                )
+                done = self.drained()
             for task in sends:
                 self.send(task)
             for node in polls:
@@ -473,35 +426,6 @@ class State:
 
     # -- other threads ---------------------------------------------------------------------------
 
-    def take(self, task: Task) -> bool:
-        """Claim ``task`` out of ``in_flight``: True for the one caller that resolves it."""
-        with self.lock:
-            if self.in_flight.get(task.key) is not task:
-                return False
-            del self.in_flight[task.key]
-            node = self.nodes.get(task.node)
-            if node is not None:
-                node.keys.discard(task.key)
-            self.poke()
-            return True
-
-    def on_future_done(self, task: Task, future: Future[Any]) -> None:
-        """The caller's future finished; if it was cancelled, stop the task (any thread)."""
-        if not future.cancelled():
-            return
-        with self.lock:
-            # Only here (starts are skipped for a cancelled future), at once: wait() and
-            # as_completed() see it without waiting for a node slot.
-            future.set_running_or_notify_cancel()
-            self.cancelled += 1
-            if self.in_flight.get(task.key) is task:
-                del self.in_flight[task.key]
-                node = self.nodes.get(task.node)
-                if node is not None:
-                    node.keys.discard(task.key)
-                self.kills.append(task)
-                self.poke()
-
     def on_outcome(self, task: Task, answer: Future[Any]) -> None:
         """The node's answer to ``run()`` (a Ray callback thread): resolve the task."""
         error = answer.exception()
@@ -515,130 +439,6 @@ class State:
             return
         if self.take(task):
             self.finish_outcome(task, answer.result())
-
-    # -- resolving a task (no lock held; the caller owns the task) -------------------------------
-
-    def finish_outcome(self, task: Task, outcome: dict[str, Any]) -> None:
-        status = outcome.get("status")
-        if status == "ok":
-            try:
-                value = cloudpickle.loads(outcome["value"])
-            except Exception as exc:  # noqa: BLE001
-                err = unpickle_error(exc)
-                err.worker_pid = int(outcome.get("pid", 0))
-                self.finish(task, exc=err)
-                return
-            if task.opts.with_output:
-                value = TaskResult(
-                    value, outcome["output"], outcome["pid"], float(outcome["elapsed_s"])
-                )
-            self.finish(task, value=value)
-        elif status == "error":
-            try:
-                error = pickle.loads(outcome["error"])
-            except Exception as exc:  # noqa: BLE001 - should not happen: records are plain
-                error = RuntimeError(f"the task failed and its error could not be loaded: {exc}")
-            if isinstance(error, RemoteError):
-                error.classification = outcome.get("classification", "raise")
-            self.finish(task, exc=error)
-        elif outcome.get("reason") == "cancelled":
-            task.future.cancel()  # killed on the node before it started (interrupt())
-        else:
-            self.finish(task, exc=WorkerStartError(outcome.get("message", "node unavailable")))
-
-    def finish(self, task: Task, *, exc: BaseException | None = None, value: Any = None) -> None:
-        """The one place that resolves a task's future."""
-        with self.lock:
-            count_outcome(self, exc)
-            if isinstance(exc, WorkerStartError) and self.broken is None:
-                self.broken = exc
-            self.wake.notify_all()
-        future = task.future
-        try:
-            if future.cancelled():
-                return
-            if not future.running() and not future.set_running_or_notify_cancel():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(value)
-        except (InvalidStateError, RuntimeError):
-            pass  # cancelled in between: the cancel stands
-
-    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
-
-    def unstarted(self) -> list[Task]:
-        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
-        queued = [t for _, t in self.queue]
-        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
-
-    def hold(self) -> None:
-        with self.lock:
-            self.held += 1
-
-    def release(self) -> None:
-        with self.lock:
-            self.held -= 1
-            self.poke()
-
-    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
-        """Take no new tasks; when the last one is done, close the nodes' pools."""
-        with self.lock:
-            self.closing = True
-            self.held = 0
-            unstarted = self.unstarted()
-            self.poke()
-        if cancel_futures:
-            for task in unstarted:
-                task.future.cancel()
-
-    def join(self) -> None:
-        if self.thread.is_alive() and threading.current_thread() is not self.thread:
-            self.thread.join()
-
-    def interrupt(self) -> None:
-        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
-        with self.lock:
-            unstarted = self.unstarted()
-        for task in unstarted:
-            task.future.cancel()
-        self.kill(None)
-
-    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
-        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
-        (``WorkerCrashedError``, "killed ...") still comes back from the node."""
-        with self.lock:
-            running = [
-                t
-                for t in self.in_flight.values()
-                if t.state == "running" and (futures is None or t.future in futures)
-            ]
-        for task in running:
-            self.kill_on_node(task)
-        return [t.future for t in running]
-
-    def enqueue(self, name: str, blob: bytes, opts: RayTaskOptions) -> Future[Any]:
-        """Queue a pickled call; return its future (raises once shut down or broken)."""
-        future: Future[Any] = Future()
-        task = Task(next(_ids), f"precompile-{name}-{uuid.uuid4().hex}", future, blob, opts)
-        with self.lock:
-            if self.broken is not None:
-                raise self.broken
-            if self.closing:
-                raise RuntimeError(AFTER_SHUTDOWN)
-        future.add_done_callback(lambda f: self.on_future_done(task, f))
-        with self.lock:
-            if self.closing:
-                raise RuntimeError(AFTER_SHUTDOWN)
-            heapq.heappush(self.queue, (task.sort_key(), task))
-            self.poke()
-        return future
-
-    def windows(self) -> dict[str, int]:
-        """The nodes taking tasks now: node id → window."""
-        with self.lock:
-            return {a: n.window for a, n in self.nodes.items()}
 
     def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
         """Start every node's pool workers now; return their pids per node (caller's thread)."""
@@ -662,21 +462,3 @@ class State:
                 raise WorkerStartError(f"node {node_id} could not start its pool: {detail}")
             pids[node_id] = list(answer["pids"])
         return pids
-
-    def statistics(self) -> RayExecutorStatistics:
-        """An immutable snapshot of the queue, the tasks in flight and the nodes."""
-        with self.lock:
-            states = [t.state for t in self.in_flight.values()]
-            return RayExecutorStatistics(
-                queued=sum(1 for _, t in self.queue if not t.future.cancelled()),
-                dispatched=states.count("dispatched"),
-                running=states.count("running"),
-                completed=self.completed,
-                failed=self.failed,
-                cancelled=self.cancelled,
-                timed_out=self.timed_out,
-                crashed=self.crashed,
-                nodes=len(self.nodes),
-                slots=sum(n.window for n in self.nodes.values()),
-                nodes_lost=self.nodes_lost,
-            )

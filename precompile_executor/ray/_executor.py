@@ -18,15 +18,9 @@ from typing import Any, Literal, Self
 import cloudpickle
 import ray
 
-from .._base import BaseExecutor, Call, Path, TaskOptions, failed_future, serialization_error
-from .._errors import AFTER_SHUTDOWN, Classification
-from .._validate import (
-    check_count,
-    check_initializer,
-    check_memory_limit,
-    check_timeout,
-    describe_unpicklable,
-)
+from .._base import BaseExecutor, Call, Path, TaskOptions
+from .._errors import Classification
+from .._validate import check_count, check_initializer, check_memory_limit, check_timeout
 from ._dispatch import (
     PLACE_TIMEOUT_S,
     RayExecutorStatistics,
@@ -173,20 +167,8 @@ class RayPrecompileExecutor(BaseExecutor[State]):
     def _send(
         self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
     ) -> Future[Any]:
-        (fn, args, kwargs) = calls[0]
-        state = self._backend
-        try:
-            blob = cloudpickle.dumps((fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
-            with state.lock:
-                if state.closing:
-                    raise RuntimeError(AFTER_SHUTDOWN) from None
-                state.failed += 1
-            what = describe_unpicklable(fn, args, kwargs)
-            advice = "Tasks on a Ray cluster must pickle (cloudpickle)."
-            return failed_future(serialization_error(what, "to send it to a node", advice, exc))
         assert isinstance(opts, RayTaskOptions)  # built by __init__ and options() only
-        return state.enqueue(getattr(fn, "__name__", "task"), blob, opts)
+        return self._backend.submit_call(calls[0], opts, "a Ray cluster")
 
     # -- the nodes -------------------------------------------------------------------------------
 

@@ -1,0 +1,344 @@
+"""The caller side every cluster backend shares (``dask/``, ``ray/``): a task's record, the
+statistics snapshot, and :class:`ClusterState` — the priority queue, ``in_flight``, the one
+place a task is resolved and the executor's requests (the public layer's ``Backend``, see
+:mod:`._base`). A backend's ``State`` subclasses it and supplies its dispatcher thread (placing
+nodes, sending calls, reading answers) and ``kill_on_node``; ``dask/_dispatch.py`` and
+``ray/_dispatch.py`` describe their data flow.
+
+Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes, the kills and
+the counters. A task in flight is resolved by whoever pops it from ``in_flight`` (:meth:`take`);
+a cancelled future's task is popped by :meth:`on_future_done` and killed by the dispatcher.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import pickle
+import threading
+import uuid
+from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+import cloudpickle
+
+from ._base import Call, TaskOptions, failed_future, serialization_error
+from ._errors import (
+    AFTER_SHUTDOWN,
+    RemoteError,
+    WorkerCrashedError,
+    WorkerStartError,
+    unpickle_error,
+)
+from ._records import TaskCounts, TaskResult, count_outcome
+from ._validate import describe_unpicklable
+
+
+class ClusterNodeLost(WorkerCrashedError):
+    """The base of each cluster backend's ``NodeLostError``: the node that held the task was
+    lost; only the tasks it held fail (docs/design.md, "Errors"). A subclass says how in
+    :meth:`describe`.
+
+    Attributes:
+        node: the node's name in its backend (a dask worker's address, a Ray node id).
+    """
+
+    def __init__(self, node: str, detail: str = "") -> None:
+        msg = self.describe(node)
+        super().__init__(0, None, detail=detail)
+        self._message = f"{msg}; {detail}" if detail else msg
+        self.args = (self._message,)
+        self.node = node
+
+    @staticmethod
+    def describe(node: str) -> str:
+        raise NotImplementedError
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.node, self._detail))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterStatistics(TaskCounts):
+    """The fields a cluster backend's ``statistics()`` adds to the
+    :class:`~precompile_executor.TaskCounts` (each backend names its own subclass).
+
+    Attributes:
+        dispatched: tasks sent to a node that has not started them yet (PENDING).
+        nodes: nodes taking tasks now.
+        slots: tasks all nodes may hold at once (the sum of their windows).
+        nodes_lost: nodes lost while this executor ran.
+    """
+
+    dispatched: int
+    nodes: int
+    slots: int
+    nodes_lost: int
+
+
+@dataclasses.dataclass(eq=False)
+class ClusterTask:
+    """One call on its way to a node; a backend's ``Task`` adds what its sending needs."""
+
+    id: int
+    key: str
+    future: Future[Any]
+    blob: bytes
+    opts: TaskOptions
+    state: Literal["queued", "dispatched", "running"] = "queued"
+    node: str = ""
+
+    def sort_key(self) -> tuple[float, float, int]:
+        """Higher priority first, then the longest cost hint, then the oldest."""
+        return (-self.opts.priority, -(self.opts.cost or 0.0), self.id)
+
+
+class ClusterNode(Protocol):
+    window: int  # tasks it may hold at once
+    keys: set[str]  # the keys of the tasks it holds
+
+
+T = TypeVar("T", bound=ClusterTask)
+N = TypeVar("N", bound=ClusterNode)
+S = TypeVar("S", bound=ClusterStatistics)
+
+_ids = itertools.count(1)
+
+
+class ClusterState(Generic[T, N, S]):
+    """Everything a cluster executor and its ``options()`` views share (see the module doc)."""
+
+    # The backend's own, set on its subclass.
+    task_type: type[T]
+    statistics_type: type[S]
+    thread: threading.Thread  # the backend's dispatcher
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.poked = False
+        self.queue: list[tuple[tuple[float, float, int], T]] = []
+        self.in_flight: dict[str, T] = {}
+        self.nodes: dict[str, N] = {}
+        self.kills: list[T] = []
+        self.held = 0
+        self.closing = False
+        self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
+        self.completed = self.failed = self.cancelled = 0
+        self.timed_out = self.crashed = self.nodes_lost = 0
+
+    def poke(self) -> None:
+        """Wake the dispatcher (lock held)."""
+        self.poked = True
+        self.wake.notify_all()
+
+    def drained(self) -> bool:
+        """Shut down with nothing left to run or kill: the dispatcher may end (lock held)."""
+        return (
+            self.closing
+            and not self.in_flight
+            and not self.kills
+            and not any(not t.future.cancelled() for _, t in self.queue)
+        )
+
+    def kill_on_node(self, task: T) -> None:
+        raise NotImplementedError  # the backend's: kill a running task where it runs
+
+    def node_lost(self, node: str, detail: str) -> BaseException:
+        raise NotImplementedError  # the backend's NodeLostError
+
+    # -- other threads ---------------------------------------------------------------------------
+
+    def take(self, task: T) -> bool:
+        """Claim ``task`` out of ``in_flight``: True for the one caller that resolves it."""
+        with self.lock:
+            if self.in_flight.get(task.key) is not task:
+                return False
+            del self.in_flight[task.key]
+            node = self.nodes.get(task.node)
+            if node is not None:
+                node.keys.discard(task.key)
+            self.poke()
+            return True
+
+    def on_future_done(self, task: T, future: Future[Any]) -> None:
+        """The caller's future finished; if it was cancelled, stop the task (any thread)."""
+        if not future.cancelled():
+            return
+        with self.lock:
+            # Only here (starts are skipped for a cancelled future), at once: wait() and
+            # as_completed() see it without waiting for a node slot.
+            future.set_running_or_notify_cancel()
+            self.cancelled += 1
+            if self.in_flight.get(task.key) is task:
+                del self.in_flight[task.key]
+                node = self.nodes.get(task.node)
+                if node is not None:
+                    node.keys.discard(task.key)
+                self.kills.append(task)
+                self.poke()
+
+    # -- resolving a task (no lock held; the caller owns the task) -------------------------------
+
+    def finish_outcome(self, task: T, outcome: dict[str, Any]) -> None:
+        """Resolve ``task`` from a node pool's plain outcome record (:mod:`._node_pool`)."""
+        status = outcome.get("status")
+        if status == "ok":
+            try:
+                value = cloudpickle.loads(outcome["value"])
+            except Exception as exc:  # noqa: BLE001
+                err = unpickle_error(exc)
+                err.worker_pid = int(outcome.get("pid", 0))
+                self.finish(task, exc=err)
+                return
+            if task.opts.with_output:
+                value = TaskResult(
+                    value, outcome["output"], outcome["pid"], float(outcome["elapsed_s"])
+                )
+            self.finish(task, value=value)
+        elif status == "error":
+            try:
+                error = pickle.loads(outcome["error"])
+            except Exception as exc:  # noqa: BLE001 - should not happen: records are plain
+                error = RuntimeError(f"the task failed and its error could not be loaded: {exc}")
+            if isinstance(error, RemoteError):
+                error.classification = outcome.get("classification", "raise")
+            self.finish(task, exc=error)
+        elif outcome.get("reason") == "cancelled":
+            task.future.cancel()  # killed on the node before it started (interrupt())
+        elif outcome.get("reason") == "node-changed":  # dask's: the node restarted meanwhile
+            self.finish(task, exc=self.node_lost(task.node, outcome.get("message", "")))
+        else:
+            self.finish(task, exc=WorkerStartError(outcome.get("message", "node unavailable")))
+
+    def finish(self, task: T, *, exc: BaseException | None = None, value: Any = None) -> None:
+        """The one place that resolves a task's future."""
+        with self.lock:
+            count_outcome(self, exc)
+            if isinstance(exc, WorkerStartError) and self.broken is None:
+                self.broken = exc
+            self.wake.notify_all()
+        future = task.future
+        try:
+            if future.cancelled():
+                return
+            if not future.running() and not future.set_running_or_notify_cancel():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+        except (InvalidStateError, RuntimeError):
+            pass  # cancelled in between: the cancel stands
+
+    # -- the executor's requests (no lock held; the _base.Backend protocol) ---------------------
+
+    def unstarted(self) -> list[T]:
+        """Tasks queued here or dispatched to a node that has not started them (lock held)."""
+        queued = [t for _, t in self.queue]
+        return queued + [t for t in self.in_flight.values() if t.state == "dispatched"]
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held -= 1
+            self.poke()
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; when the last one is done, the dispatcher closes the nodes'
+        pools."""
+        with self.lock:
+            self.closing = True
+            self.held = 0
+            unstarted = self.unstarted()
+            self.poke()
+        if cancel_futures:
+            for task in unstarted:
+                task.future.cancel()
+
+    def join(self) -> None:
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def interrupt(self) -> None:
+        """Cancel every task not started and kill the running ones on their nodes (Ctrl-C)."""
+        with self.lock:
+            unstarted = self.unstarted()
+        for task in unstarted:
+            task.future.cancel()
+        self.kill(None)
+
+    def kill(self, futures: AbstractSet[Future[Any]] | None) -> list[Future[Any]]:
+        """Kill the running tasks of ``futures`` (``None``: all) on their nodes; their outcome
+        (``WorkerCrashedError``, "killed ...") still comes back from the node."""
+        with self.lock:
+            running = [
+                t
+                for t in self.in_flight.values()
+                if t.state == "running" and (futures is None or t.future in futures)
+            ]
+        for task in running:
+            self.kill_on_node(task)
+        return [t.future for t in running]
+
+    def submit_call(self, call: Call, opts: TaskOptions, where: str) -> Future[Any]:
+        """Pickle ``call`` and queue it; one that will not pickle fails its own future only
+        (``where``: "a dask cluster", for the advice)."""
+        (fn, args, kwargs) = call
+        try:
+            blob = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as exc:  # noqa: BLE001 - anything a __reduce__ may raise
+            with self.lock:
+                if self.closing:
+                    raise RuntimeError(AFTER_SHUTDOWN) from None
+                self.failed += 1
+            what = describe_unpicklable(fn, args, kwargs)
+            advice = f"Tasks on {where} must pickle (cloudpickle)."
+            return failed_future(serialization_error(what, "to send it to a node", advice, exc))
+        return self.enqueue(getattr(fn, "__name__", "task"), blob, opts)
+
+    def enqueue(self, name: str, blob: bytes, opts: TaskOptions) -> Future[Any]:
+        """Queue a pickled call; return its future (raises once shut down or broken)."""
+        future: Future[Any] = Future()
+        key = f"precompile-{name}-{uuid.uuid4().hex}"
+        task: T = self.task_type(next(_ids), key, future, blob, opts)
+        with self.lock:
+            if self.broken is not None:
+                raise self.broken
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+        future.add_done_callback(lambda f: self.on_future_done(task, f))
+        with self.lock:
+            if self.closing:
+                raise RuntimeError(AFTER_SHUTDOWN)
+            heapq.heappush(self.queue, (task.sort_key(), task))
+            self.poke()
+        return future
+
+    def windows(self) -> dict[str, int]:
+        """The nodes taking tasks now: node → window."""
+        with self.lock:
+            return {a: n.window for a, n in self.nodes.items()}
+
+    def statistics(self) -> S:
+        """An immutable snapshot of the queue, the tasks in flight and the nodes."""
+        with self.lock:
+            states = [t.state for t in self.in_flight.values()]
+            return self.statistics_type(
+                queued=sum(1 for _, t in self.queue if not t.future.cancelled()),
+                dispatched=states.count("dispatched"),
+                running=states.count("running"),
+                completed=self.completed,
+                failed=self.failed,
+                cancelled=self.cancelled,
+                timed_out=self.timed_out,
+                crashed=self.crashed,
+                nodes=len(self.nodes),
+                slots=sum(n.window for n in self.nodes.values()),
+                nodes_lost=self.nodes_lost,
+            )
