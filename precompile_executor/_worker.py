@@ -57,6 +57,11 @@ class OutputCapture:
         sys.stdout = open(1, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False, errors="replace")  # noqa: SIM115
         # A segfault or abort writes the Python stack into the capture file, next to the output.
+        # disable() first: enable() on an already-enabled faulthandler (inherited through a fork)
+        # only changes its file and does not put its signal handlers back, so a library in the
+        # parent that took SIGSEGV over would leave this process without a dump
+        # (tests/test_faults.py, test_a_segfault_dump_survives_a_parent_that_took_sigsegv_over).
+        faulthandler.disable()
         faulthandler.enable(file=2, all_threads=True)
 
     def reset(self) -> None:
