@@ -500,6 +500,10 @@ def test_statistics_never_counts_more_running_tasks_than_max_workers() -> None:
             peak = 0
             while not stop.is_set():
                 peak = max(peak, executor.statistics().running)
+                # Let the other threads run between samples: a loop that never releases the
+                # GIL starves the monitor to one switch interval per message, and 500 tasks then
+                # took over a minute on 2 cores (the check was slow, not the executor).
+                time.sleep(0)
             peaks.append(peak)
 
         poller = threading.Thread(target=poll)
