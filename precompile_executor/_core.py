@@ -282,7 +282,7 @@ class Core(Settling):
             self.learned.add(task.costs)
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
-            worker.free(time.monotonic())
+            worker.free(now)
             worker.tasks_run += 1
             if self.shutdown and not self.queued():
                 actions += self._give_back(worker, worker.since)

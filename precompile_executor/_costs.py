@@ -47,6 +47,7 @@ import os
 import tempfile
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -242,7 +243,10 @@ class CostModel:
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = None if path is None else os.fspath(path)
         self._lock = threading.Lock()
-        self._keys: dict[tuple[str, str], _Mean] = {}  # insertion order = least recent first
+        # Least recently observed first. An OrderedDict: a plain dict's first key, after many
+        # deletions at the front, is found by skipping every deleted slot before it (a scan per
+        # observation once MAX_KEYS is reached; tests/test_overhead.py).
+        self._keys: OrderedDict[tuple[str, str], _Mean] = OrderedDict()
         self._functions: dict[str, _Mean] = {}
         self._ratio: dict[str, _Mean] = {}  # observed / prior, per function
         self.dirty = False
@@ -273,14 +277,15 @@ class CostModel:
             if key.prior_s is not None and key.prior_s > 0:
                 _add(self._ratio, key.function, seconds / key.prior_s)
             if key.features:
-                entry = self._keys.pop((key.function, key.features), None)
+                name = (key.function, key.features)
+                entry = self._keys.get(name)
                 if entry is None:
-                    entry = _Mean(seconds)
+                    self._keys[name] = _Mean(seconds)
                 else:
                     entry.add(seconds)
-                self._keys[(key.function, key.features)] = entry  # most recent last
+                    self._keys.move_to_end(name)  # most recent last
                 while len(self._keys) > MAX_KEYS:
-                    del self._keys[next(iter(self._keys))]
+                    self._keys.popitem(last=False)
 
     def to_json(self) -> dict[str, Any]:
         """The model as the history file's JSON document."""
@@ -360,7 +365,7 @@ class CostModel:
             for features, pair in dict(entry.get("keys", {})).items():
                 self._keys[(str(name), str(features))] = _mean(pair)
         while len(self._keys) > MAX_KEYS:
-            del self._keys[next(iter(self._keys))]
+            self._keys.popitem(last=False)
 
 
 def _mean(pair: Any) -> _Mean:

@@ -21,7 +21,7 @@ from ._fork import fork_task
 from ._hub_ends import WorkerEnds
 from ._jobs import JobPool
 from ._memory import MemoryGuard, anon_bytes, kill_now
-from ._messages import Done, Run, Started, encode
+from ._messages import Done, Run, Started, encode, write_frame
 from ._state import Action, Doom, StopWorker, Task, TaskState, WorkerHandle
 
 log = logging.getLogger("precompile_executor")
@@ -55,7 +55,7 @@ class TaskPath(WorkerEnds):
             try:
                 if conn is None or conn.closed:
                     raise OSError("socket closed")
-                conn.send_bytes(message)
+                write_frame(conn.fileno(), message)  # send_bytes' bytes; the send_lock held
             except (OSError, ValueError):
                 # The worker is dying; its end of file (read by the monitor) puts the task,
                 # which never started, back in the queue.

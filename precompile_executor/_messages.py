@@ -11,7 +11,9 @@ Both sides import this module; it imports nothing of the library but the error r
 
 from __future__ import annotations
 
+import os
 import pickle
+import struct
 from typing import Any, NamedTuple, Union
 
 from ._errors import ErrorRecord
@@ -104,6 +106,39 @@ _TYPES: dict[str, type[Any]] = {
 def encode(message: Message) -> bytes:
     """Bytes for ``Connection.send_bytes``: the type's name and its fields, plain pickle."""
     return pickle.dumps((type(message).__name__, tuple(message)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+FRAME_SIZE = struct.Struct("!i")
+"""``multiprocessing.connection``'s frame header: the body's size."""
+
+FRAME_BIG_SIZE = struct.Struct("!Q")
+"""After a size of -1: the size of a body over 2 GiB."""
+
+_JOIN_LIMIT = 16384  # as multiprocessing.connection: a larger body is not copied to join it
+
+
+def write_frame(fd: int, data: bytes) -> None:
+    """Write ``data`` as one ``multiprocessing.connection`` frame to the blocking socket ``fd``:
+    the bytes ``Connection.send_bytes`` writes, in one ``write`` for a small message and with
+    none of its Python-level layers (a warm task's send is on the monitor's path). Raises
+    ``OSError`` as ``send_bytes`` does (a closed or broken socket)."""
+    n = len(data)
+    big = n > 0x7FFFFFFF
+    header = FRAME_SIZE.pack(-1) + FRAME_BIG_SIZE.pack(n) if big else FRAME_SIZE.pack(n)
+    if n <= _JOIN_LIMIT:
+        _write_all(fd, header + data)
+    else:
+        _write_all(fd, header)
+        _write_all(fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)
+    while written < len(view):
+        written += os.write(fd, view[written:])
 
 
 def decode(data: bytes) -> Message:

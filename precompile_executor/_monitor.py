@@ -16,6 +16,10 @@ Guarantees:
   ``Started`` and ``Done`` arrive together), split into ``multiprocessing.connection`` frames
   here; only a frame cut by the read is completed with blocking reads, as ``recv_bytes`` would.
   (``Connection.poll()`` after each message would build a new selector each time.)
+* What the handlers leave for later (:meth:`Monitor.later`: the settles of a round's results)
+  runs at the end of the round, once the next wait is prepared and just before it: the caller
+  woken by a settled future then finds the interpreter lock free at once (the monitor is
+  waiting), rather than after the monitor's next round of bookkeeping.
 * An error inside one round is logged and the loop goes on: the monitor never dies.
 """
 
@@ -29,6 +33,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -83,8 +88,27 @@ class Monitor:
         self.unknown: list[Connection] = []  # accepted, no hello yet (lock held)
         self._to_close: list[tuple[Connection, threading.Lock]] = []  # (lock held)
         self._stopping = False
+        self._later: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # its own thread's
         self._thread = threading.Thread(target=self._run, name="precompile-monitor", daemon=True)
         self._thread.start()
+
+    def on_thread(self) -> bool:
+        """Whether the caller is the monitor thread."""
+        return threading.get_ident() == self._thread.ident
+
+    def later(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` at the end of this round, just before the next wait (the monitor
+        thread only: see :meth:`on_thread`)."""
+        self._later.append((fn, args))
+
+    def _run_later(self) -> None:
+        while self._later:
+            batch, self._later = self._later, []
+            for fn, args in batch:
+                try:
+                    fn(*args)
+                except BaseException:  # noqa: BLE001 - the monitor must never die
+                    log.exception("precompile_executor monitor: unexpected error (continuing)")
 
     def private_fds(self) -> list[int]:
         """Descriptors a forked child must close at once."""
@@ -138,6 +162,7 @@ class Monitor:
             except BaseException:  # noqa: BLE001 - the monitor must never die: log and go on
                 log.exception("precompile_executor monitor: unexpected error (continuing)")
                 time.sleep(0.01)
+        self._run_later()  # nothing left behind when it stops
         for fd in watched.values():
             with contextlib.suppress(KeyError, ValueError, OSError):
                 selector.unregister(fd)
@@ -147,26 +172,17 @@ class Monitor:
         handler = self._handler
         with self._lock:
             live = handler.watch_list()
-            live.update(dict.fromkeys(self.unknown))
+            if self.unknown:
+                live.update(dict.fromkeys(self.unknown))
             to_close, self._to_close = self._to_close, []
             timeout = handler.next_timer()
         due = None if timeout is None else time.monotonic() + timeout
-        for key in [k for k in watched if k not in live]:
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                selector.unregister(watched[key])
-            del watched[key]
-        for conn, send_lock in to_close:  # unregistered above (no longer live): safe to close
+        if live.keys() != watched.keys():  # most rounds: the same sockets as the last one
+            self._resync(selector, watched, live)
+        for conn, send_lock in to_close:  # unregistered by now (no longer live): safe to close
             with send_lock, contextlib.suppress(OSError):
                 conn.close()
-        for key, fd in live.items():
-            if key in watched:
-                continue
-            try:
-                fd = key.fileno() if fd is None else fd
-                selector.register(fd, selectors.EVENT_READ, key)
-            except (KeyError, ValueError, OSError):
-                continue  # closed meanwhile: its end is handled elsewhere
-            watched[key] = fd
+        self._run_later()  # the last thing before the wait (see the module doc)
         for key, _ in selector.select(timeout):
             if key.data == "listener":
                 self._accept()
@@ -180,6 +196,25 @@ class Monitor:
         # Nothing falls due before ``due`` (what is set meanwhile is timed next round).
         if due is not None and time.monotonic() >= due:
             handler.check_timers()
+
+    @staticmethod
+    def _resync(
+        selector: selectors.BaseSelector, watched: dict[Any, int], live: dict[Any, int | None]
+    ) -> None:
+        """Make the poll set (``watched``) what ``live`` says."""
+        for key in [k for k in watched if k not in live]:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                selector.unregister(watched[key])
+            del watched[key]
+        for key, fd in live.items():
+            if key in watched:
+                continue
+            try:
+                fd = key.fileno() if fd is None else fd
+                selector.register(fd, selectors.EVENT_READ, key)
+            except (KeyError, ValueError, OSError):
+                continue  # closed meanwhile: its end is handled elsewhere
+            watched[key] = fd
 
     def _accept(self) -> None:
         while True:

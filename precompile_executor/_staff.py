@@ -136,6 +136,8 @@ class Staffing:
         # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
         if self.broken is not None:
             return []
+        if not self.queues["spawn"] or len(self.in_flight) >= self.max_workers:
+            return []  # nothing waits, or no slot free: workers_to_start would say 0
         waiting = self._waiting_spawn(limit=self.max_workers)
         if not waiting:
             return []

@@ -27,7 +27,7 @@ from typing import Any
 import cloudpickle
 
 from ._errors import ErrorRecord, record_from_exception
-from ._messages import Done, Hello, Outcome, Run, Started, decode, encode
+from ._messages import Done, Hello, Outcome, Run, Started, decode, encode, write_frame
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
@@ -383,7 +383,8 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
     """Run each task the parent sends until it says stop or goes away, or (``max_tasks``)
     until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends."""
     ran = 0
-    frames = FrameReader(conn.fileno())
+    fd = conn.fileno()
+    frames = FrameReader(fd)
     while True:
         try:
             message = decode(frames.next())
@@ -392,7 +393,7 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
         if not isinstance(message, Run):
             break
         try:
-            conn.send_bytes(encode(Started(message.task_id)))
+            write_frame(fd, encode(Started(message.task_id)))
             outcomes, output, plain = execute(
                 message.blob, message.n_calls, message.want_output, capture
             )
@@ -400,7 +401,7 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
             ran += 1
             recycle = not retire and max_tasks is not None and ran >= max_tasks
             done = Done(message.task_id, outcomes, output, retire, recycle, plain)
-            conn.send_bytes(encode(done))
+            write_frame(fd, encode(done))
         except (EOFError, OSError):
             break
         if retire or recycle:

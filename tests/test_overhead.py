@@ -3,7 +3,10 @@
 A task's captured output is its own even though the capture file is emptied only when a task
 wrote something; a module's function is pickled once per function object, but never a stale
 one; a function pickled by value is loaded once per worker and reused, like the stdlib pool's
-module functions; the worker's frame reader gets every message whole, small or large.
+module functions; the worker's frame reader gets every message whole, small or large, and the
+frames written without ``Connection.send_bytes`` are its bytes; the monitor writes a worker's
+next task before it settles the last one's future; a task keeps no instance dict; the cost
+history forgets its least recently observed keys.
 """
 
 from __future__ import annotations
@@ -13,16 +16,21 @@ import pickle
 import socket
 import struct
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 import cloudpickle
 import crashers
 import pytest
 
 from precompile_executor import PrecompileExecutor, RemoteError
+from precompile_executor._costs import MAX_KEYS, CostKey, CostModel
 from precompile_executor._executor import pickle_arguments, pickle_function
+from precompile_executor._messages import write_frame
+from precompile_executor._state import Task
 from precompile_executor._worker import FrameReader
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,8 +118,6 @@ def test_the_frame_reader_gets_every_message_whole() -> None:
         writer.send_bytes(b"two")
         assert [reader.next(), reader.next(), reader.next()] == [b"one", b"", b"two"]
         # a large frame arrives in many reads, while the writer is still writing it
-        import threading
-
         sender = threading.Thread(target=lambda: (writer.send_bytes(big), writer.send_bytes(b"x")))
         sender.start()
         assert reader.next() == big
@@ -122,3 +128,77 @@ def test_the_frame_reader_gets_every_message_whole() -> None:
         writer.close()
         with pytest.raises(EOFError):
             reader.next()
+
+
+@pytest.mark.parametrize("size", [0, 3, 16384, 16385, 1 << 20])
+def test_a_written_frame_is_send_bytes_bytes(size: int) -> None:
+    """write_frame() writes what Connection.send_bytes writes: recv_bytes reads it back."""
+    payload = os.urandom(size)
+    a, b = socket.socketpair()
+    with a, b:
+        reader = Connection(b.detach())
+        sender = threading.Thread(target=write_frame, args=(a.fileno(), payload))
+        sender.start()  # a large frame fills the socket buffer before the reader drains it
+        assert reader.recv_bytes() == payload
+        sender.join(timeout=30)
+        reader.close()
+
+
+def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> None:
+    """One worker, a queue behind it: each Done's next Run is written before that Done's
+    future is set (Hub.run: settles last; on the monitor, at the end of its round)."""
+    with PrecompileExecutor(1) as ex:
+        ex.warm_up(timeout=60)
+        core = ex._backend
+        hub = core.hub
+        events: list[tuple[str, int]] = []
+        send, settle_now = hub._send, core.settle_now
+
+        def noted_send(worker: Any, task: Task) -> None:
+            events.append(("send", task.id))
+            send(worker, task)
+
+        def noted_settle(task: Task, outcome: Any) -> bool:
+            events.append(("settle", task.id))
+            return settle_now(task, outcome)
+
+        hub._send = noted_send  # type: ignore[method-assign]
+        core.settle_now = noted_settle  # type: ignore[method-assign]
+        try:
+            assert list(ex.map(crashers.square, range(4), timeout=60)) == [0, 1, 4, 9]
+        finally:
+            del hub._send, core.settle_now
+    ids = [i for kind, i in events if kind == "send"]
+    assert len(ids) == 4
+    order = [(kind, ids.index(i)) for kind, i in events]
+    # task k's settle comes after task k+1's send; the last task has nothing behind it
+    assert order == [("send", 0), ("send", 1), ("settle", 0), ("send", 2), ("settle", 1)] + [
+        ("send", 3),
+        ("settle", 2),
+        ("settle", 3),
+    ]
+
+
+def test_a_task_keeps_no_instance_dict() -> None:
+    """One Task per task: slotted, so no 35-key dict is built and traced for each."""
+    task = Task(None, None, "spawn", None, b"", 1, False, None, 0.0, False)  # type: ignore[arg-type]
+    assert not hasattr(task, "__dict__")
+    with pytest.raises(AttributeError):
+        task.unknown_field = 1  # type: ignore[attr-defined]
+
+
+def test_the_cost_history_forgets_its_least_recently_observed_keys() -> None:
+    model = CostModel()
+    keys = [CostKey("f", f"({i},)", None) for i in range(MAX_KEYS + 10)]
+    for key in keys[:MAX_KEYS]:
+        model.observe(key, 1.0)
+    model.observe(keys[0], 3.0)  # observed again: now the most recent
+    for key in keys[MAX_KEYS:]:
+        model.observe(key, 2.0)
+    assert model.estimate(keys[0]) == 2.0  # the mean of 1.0 and 3.0, kept
+    assert model.estimate(keys[-1]) == 2.0
+    function_mean = model.estimate(CostKey("f", "", None))  # what a key not kept gets
+    assert function_mean not in (1.0, 2.0)
+    forgotten = keys[1:11]  # the ten oldest once keys[0] was observed again
+    assert all(model.estimate(k) == function_mean for k in forgotten)
+    assert model.estimate(keys[11]) == 1.0
