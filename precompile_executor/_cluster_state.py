@@ -65,9 +65,7 @@ class ClusterNodeLost(WorkerCrashedError):
         self._message = f"{msg}; {detail}" if detail else msg
         self.args = (self._message,)
         self.node = node
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.node, self._detail))
+        self._init_args = (node, detail)
 
 
 @dataclasses.dataclass(frozen=True)
