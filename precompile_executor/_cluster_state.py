@@ -37,6 +37,7 @@ from ._errors import (
     WorkerStartError,
     unpickle_error,
 )
+from ._node_pool import NodeCall
 from ._records import TaskCounts, TaskResult, count_outcome
 from ._validate import describe_unpicklable
 
@@ -97,6 +98,11 @@ class ClusterTask:
     opts: TaskOptions
     state: Literal["queued", "dispatched", "running"] = "queued"
     node: str = ""
+
+    def node_call(self) -> NodeCall:
+        """The call as its node runs it: the pickled call and its per-task settings."""
+        opts = self.opts
+        return NodeCall(self.key, self.blob, opts.timeout, opts.with_output, opts.memory_limit)
 
     def sort_key(self) -> tuple[float, float, int]:
         """Higher priority first, then the longest cost hint, then the oldest."""

@@ -10,8 +10,8 @@ Data flow::
     priority heap ── futures PENDING, cancel() works
       │ dispatcher thread: while a node that has the task's resources has a free slot
       │ (window = its Ray CPUs, capped by max_workers_per_node):
-      │ actor.run.remote(session, key, blob, timeout, with_output, memory_limit) — still
-      │ PENDING, cancellable
+      │ actor.run.remote(session, NodeCall(key, blob, timeout, with_output, memory_limit)) —
+      │ still PENDING, cancellable
       ▼
     node actor (one per node, NodeAffinitySchedulingStrategy) ─► session's NodePool: the
       │ node-local PrecompileExecutor (timeouts, memory limits, group kills, crash isolation,
@@ -181,14 +181,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
 
     def send(self, task: Task) -> None:
         try:
-            ref = task.actor.run.remote(
-                self.session,
-                task.key,
-                task.blob,
-                task.opts.timeout,
-                task.opts.with_output,
-                task.opts.memory_limit,
-            )
+            ref = task.actor.run.remote(self.session, task.node_call())
             answer = ref.future()
         except Exception as exc:  # noqa: BLE001 - Ray shut down under us, say: fail this task only
             if self.take(task):
