@@ -19,6 +19,7 @@ from typing import Any
 
 import crashers
 import pytest
+from kernel_helpers import ADD_GELU_OPTIONS, add_gelu_signature
 from test_faults import _assert_gone, submit_fault
 
 from precompile_executor import WorkerCrashedError, kill_running_futures
@@ -195,16 +196,9 @@ def triton_compiles_on_two_nodes_are_cache_hits_here(make: Make, caller_cache: P
     from precompile_executor.triton import classify, parse_target, precompile
 
     kernel = examples.add_gelu_kernel.fn
-    signature = {
-        "x_ptr": "*fp16",
-        "bias_ptr": "*fp16",
-        "out_ptr": "*fp16",
-        "n_elements": "i32",
-        "n_cols": "i32",
-        "BLOCK_SIZE": "constexpr",
-    }
+    signature = add_gelu_signature("fp16")
     blocks = [256, 512, 1024, 2048]
-    options = {"num_warps": 4, "num_stages": 3}
+    options = ADD_GELU_OPTIONS
     hits: list[tuple[str, bool]] = []
 
     def listener(
