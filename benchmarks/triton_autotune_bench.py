@@ -183,6 +183,7 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
     if executor is not None:
         stats = executor.statistics()
         result["compiles"] = stats.completed + stats.failed
+        result["first_compile"] = _first_compile(executor, start)
         executor.shutdown()
     result["bench_time_s"] = getattr(autotuned, "bench_time", None)
     result["do_bench_calls"] = benches["calls"]
@@ -199,6 +200,18 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - the scenario's own figures still count
             result["repeat_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def _first_compile(executor: Any, start: float) -> dict[str, float]:
+    """The first compile to land, each step in seconds from the call's start: what the first
+    benchmark waited for (queued, started on its worker, done there, settled here)."""
+    lag = time.monotonic() - time.perf_counter()
+    landed = [t for t in executor.timeline() if t.settled is not None]
+    if not landed:
+        return {}
+    first = min(landed, key=lambda t: t.settled)
+    steps = ("queued", "started", "done", "settled")
+    return {step: round(getattr(first, step) - lag - start, 3) for step in steps}
 
 
 def _time_do_bench(autotuned: Any) -> dict[str, Any]:
@@ -382,8 +395,16 @@ def _benches(r: dict[str, Any]) -> str:
     if r.get("do_bench_calls") is None:
         return ""
     first = r.get("first_do_bench_s")
-    return f"{r['do_bench_calls']}, {r['do_bench_s']:.2f}" + (
-        "" if first is None else f" ({first:.2f})"
+    landed = r.get("first_compile") or {}
+    return (
+        f"{r['do_bench_calls']}, {r['do_bench_s']:.2f}"
+        + ("" if first is None else f" ({first:.2f})")
+        + (
+            f"; first compile: started {landed['started']:.2f}, done {landed['done']:.2f}, "
+            f"here {landed['settled']:.2f}"
+            if landed
+            else ""
+        )
     )
 
 
@@ -495,8 +516,35 @@ def _machine() -> str:
     return (
         f"{gpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch "
         f"{version('torch')}, Triton {version('triton')}, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_triton_key_cost()}"
     )
+
+
+_TRITON_KEY_PROBE = """
+import time
+try:
+    from triton.runtime.cache import triton_key
+except ImportError:
+    from triton.compiler.compiler import triton_key
+t = time.perf_counter()
+triton_key()
+print(f"{time.perf_counter() - t:.3f}")
+"""
+
+
+def _triton_key_cost() -> str:
+    """What a process's first compile cache key costs here (Triton hashing its installation),
+    measured in a throwaway interpreter: stock pays it inside its first config's compile."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _TRITON_KEY_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.split()
+        return f"a process's first triton_key(): {out[-1]} s"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "triton_key() not measured"
 
 
 def _write(out: Path, results: dict[tuple[str, str], dict[str, Any]], machine: str) -> None:
