@@ -82,7 +82,7 @@ def measure(ctx: Context, cfgs: list[Config]) -> dict[str, list[BatchRun]]:
         record("seed_warm", lambda d: _batch.seed_fork(cfgs, d, w))
         record("seed_cold", lambda d: _batch.seed_fork_cold_parent(cfgs, d, w))
         if rnd == 0:
-            record("spawn", lambda d: _batch.seed_spawn(cfgs, d, w))
+            record("spawn", lambda d: _batch.seed_fork(cfgs, d, w, spawn=True))
     return runs
 
 
