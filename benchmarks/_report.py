@@ -38,10 +38,11 @@ class Table:
             title, list(rows[0]) if rows else [], [[cell(v) for v in r.values()] for r in rows]
         )
 
-    def markdown(self) -> str:
+    def markdown(self, heading: str = "**{}**\n\n") -> str:
+        """The table in Markdown under ``heading`` (formatted with the title; "" for none)."""
         head = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
         body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.rows]
-        return "\n".join([f"**{self.title}**", "", *head, *body])
+        return heading.format(self.title) + "\n".join([*head, *body])
 
     def text(self) -> str:
         widths = [max(map(len, col)) for col in zip(self.columns, *self.rows, strict=True)]

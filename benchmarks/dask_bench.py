@@ -139,7 +139,7 @@ def report(
         Table.of(f"### {backend}: per-task overhead of a no-op ({nodes})", overhead_rows),
         Table.of(title, batch),
     ):
-        print(table.markdown().replace(f"**{table.title}**", table.title) + "\n")
+        print(table.markdown("{}\n\n") + "\n")
     for key, value in info.items():
         print(f"- {key}: {value}")
 
