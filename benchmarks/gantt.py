@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from precompile_executor import TaskTimeline
+from precompile_executor.triton import CompileJob
 
 SPANS = {
     "queued": ("#dddddd", "queued"),
@@ -148,12 +149,13 @@ def _lanes(ax: Any, done: list[TaskTimeline], installed: Mapping[int, float]) ->
     ax.set_xlabel("seconds since the batch was queued", fontsize=8)
 
 
-def installed_by_task(jobs: Sequence[Any], records: Sequence[TaskTimeline]) -> dict[int, float]:
+def installed_by_task(
+    jobs: Sequence[CompileJob], records: Sequence[TaskTimeline]
+) -> dict[int, float]:
     """Task id → ``CompileJob.installed_at`` for the jobs of a Triton batch."""
     by_future = {r.future: r.task_id for r in records}
-    out: dict[int, float] = {}
-    for job in jobs:
-        future, at = getattr(job, "task_future", None), getattr(job, "installed_at", None)
-        if future in by_future and at is not None:
-            out[by_future[future]] = at
-    return out
+    return {
+        by_future[job.task_future]: job.installed_at
+        for job in jobs
+        if job.task_future in by_future and job.installed_at is not None
+    }
