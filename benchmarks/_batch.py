@@ -36,13 +36,10 @@ def new_executor(workers: int, **kwargs: Any) -> pe.PrecompileExecutor:
     return pe.PrecompileExecutor(workers, initializer=import_torch_triton, **kwargs)
 
 
-def worker_start_s(workers: int = 1) -> float:
-    """Seconds to start ``workers`` fresh PrecompileExecutor workers that import torch and triton.
-
-    They get their own initializer arguments, so no pooled worker is reused, and are stopped
-    afterwards. This is what a worker restart after a crash or a timeout kill costs.
-    """
-    ex = pe.PrecompileExecutor(workers, initializer=import_torch_triton, initargs=("probe",))
+def worker_start_s() -> float:
+    """Seconds to start one fresh worker that imports torch and triton (its own initializer
+    arguments, so no pooled worker serves): what a restart after a crash or kill costs."""
+    ex = pe.PrecompileExecutor(1, initializer=import_torch_triton, initargs=("probe",))
     try:
         start = time.perf_counter()
         ex.warm_up(timeout=RESULT_TIMEOUT_S)
@@ -66,7 +63,7 @@ def warm_workers(ex: pe.PrecompileExecutor) -> list[int]:
 
 
 def collect(futures: Sequence[Future[Any]], start: float) -> BatchRun:
-    """Wait for a batch's futures (each a ``compile_config`` result) and time it from ``start``."""
+    """Wait for a batch's ``compile_config`` futures; time it from ``start``."""
     task_s, errors = [], []
     for future in futures:
         try:
@@ -77,49 +74,35 @@ def collect(futures: Sequence[Future[Any]], start: float) -> BatchRun:
 
 
 def on_executor(
-    ex: Executor,
-    configs: Sequence[Config],
-    cache: str,
-    priorities: Sequence[float] | None = None,
+    ex: Executor, configs: Sequence[Config], cache: str, priorities: Sequence[float] | None = None
 ) -> BatchRun:
     """Submit every config to ``ex`` (a PrecompileExecutor: with ``priorities``) and wait."""
     start = time.perf_counter()
-    if priorities is None:
-        futures = [ex.submit(compile_config, cfg, cache) for cfg in configs]
-    else:
-        assert isinstance(ex, pe.PrecompileExecutor)
-        futures = [
-            ex.options(priority=p).submit(compile_config, cfg, cache)
-            for cfg, p in zip(configs, priorities, strict=True)
-        ]
-    return collect(futures, start)
+    views = [ex.options(priority=p) for p in priorities] if priorities else [ex] * len(configs)  # type: ignore[attr-defined]
+    return collect(
+        [v.submit(compile_config, c, cache) for v, c in zip(views, configs, strict=True)], start
+    )
 
 
 def seed_fork(configs: Sequence[Config], cache: str, jobs: int, spawn: bool = False) -> BatchRun:
-    """The seed's fork mode from this process (``spawn``: its spawn mode, one fresh interpreter
-    per config that imports torch and triton)."""
+    """The seed's fork mode from this process (``spawn``: its spawn mode)."""
     start = time.perf_counter()
-    calls = [(compile_config, (cfg, cache)) for cfg in configs]
-    outcomes = (_seed.run_spawned if spawn else _seed.run_forked)(calls, jobs)
+    outcomes = (_seed.run_spawned if spawn else _seed.run_forked)(
+        [(compile_config, (c, cache)) for c in configs], jobs
+    )
+    wall = time.perf_counter() - start
     return BatchRun(
-        time.perf_counter() - start,
+        wall,
         [o.value["elapsed_s"] for o in outcomes if o.ok],
         [o.error for o in outcomes if not o.ok],
     )
 
 
-def seed_spawn(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
-    """The seed's spawn mode: one fresh interpreter per config, importing torch and triton."""
-    return seed_fork(configs, cache, jobs, spawn=True)
-
-
 def seed_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
-    """The seed's fork mode from a fresh parent that imported torch and triton, never compiled.
-
-    Only the batch itself is timed (inside that parent), not the parent's start.
-    """
+    """The seed's fork mode from a fresh parent that imported torch and triton and never
+    compiled (``python -m benchmarks._seed``); only the batch is timed, in that parent."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks._coldparent", str(jobs), cache, json.dumps(configs)],
+        [sys.executable, "-m", "benchmarks._seed", str(jobs), cache, json.dumps(configs)],
         capture_output=True,
         text=True,
         timeout=RESULT_TIMEOUT_S,
@@ -128,8 +111,11 @@ def seed_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> B
     if proc.returncode != 0:
         return BatchRun(float("nan"), [], [f"cold parent failed: {proc.stderr[-500:]}"])
     data = json.loads(proc.stdout.strip().splitlines()[-1])
-    errors = [f"{data['failed']} config(s) failed"] if data["failed"] else []
-    return BatchRun(data["wall_s"], data["task_s"], errors)
+    return BatchRun(
+        data["wall_s"],
+        data["task_s"],
+        [f"{data['failed']} config(s) failed"] if data["failed"] else [],
+    )
 
 
 def sequential(configs: Sequence[Config], cache: str) -> BatchRun:
@@ -142,12 +128,13 @@ def sequential(configs: Sequence[Config], cache: str) -> BatchRun:
 def warm_times(ctx: Any, cfgs: Sequence[Config]) -> dict[Config, float]:
     """Each config's warm compile time in this process (from scenario 2 if it ran)."""
     known: dict[Config, float] = ctx.shared.get("warm_times", {})
-    if all(c in known for c in cfgs):
-        return {c: known[c] for c in cfgs}
-    warm_compile()
-    run = sequential(cfgs, ctx.fresh_dir("seq"))
-    known = {**known, **dict(zip(cfgs, run.task_s, strict=True))}
-    ctx.shared["warm_times"] = known
+    if not all(c in known for c in cfgs):
+        warm_compile()
+        known = {
+            **known,
+            **dict(zip(cfgs, sequential(cfgs, ctx.fresh_dir("seq")).task_s, strict=True)),
+        }
+        ctx.shared["warm_times"] = known
     return {c: known[c] for c in cfgs}
 
 
@@ -159,20 +146,13 @@ def ideal(task_s: Sequence[float], workers: int) -> float:
 def simulate(
     task_s: Sequence[float], workers: int, priorities: Sequence[float] | None = None
 ) -> float:
-    """Makespan of a batch submitted in this order to ``workers`` idle workers.
-
-    The first ``workers`` tasks start at once, in submission order (they never queue); each
-    later one waits in a queue served highest priority first (FIFO without priorities).
-    """
+    """Makespan of a batch submitted in this order to ``workers`` idle workers: the first
+    ``workers`` tasks start at once; later ones queue, highest priority first (else FIFO)."""
     prio = list(priorities) if priorities is not None else [0.0] * len(task_s)
-    free = [0.0] * min(workers, len(task_s))
-    heapq.heapify(free)
-    end = 0.0
-    first = list(range(min(workers, len(task_s))))
-    queued = sorted(range(len(first), len(task_s)), key=lambda i: (-prio[i], i))
-    for i in first + queued:
-        at = heapq.heappop(free)
-        done = at + task_s[i]
+    n = min(workers, len(task_s))
+    free, end = [0.0] * n, 0.0
+    for i in list(range(n)) + sorted(range(n, len(task_s)), key=lambda i: (-prio[i], i)):
+        done = heapq.heappop(free) + task_s[i]
         end = max(end, done)
         heapq.heappush(free, done)
     return end
@@ -180,5 +160,4 @@ def simulate(
 
 def lpt(task_s: Sequence[float], workers: int) -> float:
     """Makespan when the longest tasks are started first (a near-optimal schedule)."""
-    ordered = sorted(task_s, reverse=True)
-    return simulate(ordered, workers)
+    return simulate(sorted(task_s, reverse=True), workers)

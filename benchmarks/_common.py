@@ -22,22 +22,17 @@ import psutil
 T = TypeVar("T")
 
 RUN_TAG_ENV = "PRECOMPILE_BENCH_RUN"
-"""Environment variable set to a fresh id for the whole run. Every process the run starts
-inherits it (workers, forked children, fresh interpreters, their grandchildren), so the
-supervisor finds any process left behind, even one re-parented to init."""
+"""Set to a fresh id for the whole run: every process the run starts inherits it, so the
+supervisor finds any one left behind, even one re-parented to init."""
 
 
 @dataclasses.dataclass
 class Context:
-    """Settings and shared results of one benchmark run.
+    """One scenario process's settings (see ``benchmarks/run.py``'s options).
 
-    ``quick``: tiny sizes, one repeat (the smoke test); ``repeats``: runs per measured strategy
-    (the median is reported); ``tmp``: this scenario's scratch directory, removed at the end;
-    ``shared``: results one scenario leaves for a later one (e.g. warm compile times), carried
-    between the scenario processes in a JSON file; ``started``: ``time.monotonic()`` at the
-    start of the run (the clock is system-wide); ``out``: the output directory (for a
-    scenario's own figures); ``contention``: scenario 7 also measures fewer workers than cores
-    and pinned workers; ``against``: the revision scenario 9 compares this tree with.
+    ``tmp``: its scratch directory, removed at the end; ``shared``: what one scenario leaves for
+    a later one (warm compile times), carried between scenario processes in a JSON file;
+    ``started``: ``time.monotonic()`` at the start of the run (the clock is system-wide).
     """
 
     quick: bool
@@ -67,16 +62,12 @@ class Context:
 
 
 class LoadMonitor:
-    """Samples, once a second, the CPU time that processes *outside* this run use, so a reader
-    can judge how shared the machine was while each scenario ran. Processes of this run carry
-    :data:`RUN_TAG_ENV` in their environment and are left out."""
+    """Samples once a second the CPU time used by processes outside the run (those without
+    :data:`RUN_TAG_ENV` = ``tag``), so a reader can judge how shared the machine was."""
 
     def __init__(self, tag: str) -> None:
-        self._tag = tag
-        self._ours: dict[int, bool] = {}
-        self._last: dict[int, float] = {}
-        self._last_time = 0.0
-        self._foreign_s = 0.0
+        self._tag, self._ours, self._last = tag, dict[int, bool](), dict[int, float]()
+        self._last_time = self.foreign_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-load", daemon=True)
 
@@ -88,10 +79,6 @@ class LoadMonitor:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def foreign_cpu_s(self) -> float:
-        """CPU seconds used by processes outside this run since :meth:`start`."""
-        return self._foreign_s  # one float, written by one thread
-
     def _loop(self) -> None:
         while not self._stop.wait(1.0):
             self._sample()
@@ -101,8 +88,7 @@ class LoadMonitor:
             env: dict[str, str] = {}
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
-            ours = env.get(RUN_TAG_ENV) == self._tag or proc.pid == os.getpid()
-            self._ours[proc.pid] = ours
+            self._ours[proc.pid] = env.get(RUN_TAG_ENV) == self._tag or proc.pid == os.getpid()
         return self._ours[proc.pid]
 
     def _sample(self) -> None:
@@ -117,7 +103,7 @@ class LoadMonitor:
             elif (proc.info.get("create_time") or 0) > self._last_time:
                 total += used  # started since the last sample: all of its time is new
         if self._last_time:
-            self._foreign_s += max(0.0, total)
+            self.foreign_s += max(0.0, total)  # one float, written by one thread
         self._last, self._last_time = seen, now
 
 
@@ -150,9 +136,6 @@ def spread(values: Iterable[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(median(data))} ({fmt.format(data[0])}–{fmt.format(data[-1])})"
 
 
-# -- processes -------------------------------------------------------------------------------
-
-
 def _alive(proc: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return bool(proc.status() != psutil.STATUS_ZOMBIE)
@@ -165,7 +148,7 @@ def descendants() -> dict[int, psutil.Process]:
 
 
 def is_gone(pid: int) -> bool:
-    """True when ``pid`` does not exist or is a zombie (dead, only its exit status left)."""
+    """True when ``pid`` does not exist or is a zombie."""
     try:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
@@ -205,14 +188,11 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
 
 
 def describe(proc: psutil.Process) -> str:
-    """``pid: command line`` (shortened) of a process, for a leak report."""
+    """``pid: command line`` (shortened), for a leak report."""
     cmd = "?"
     with contextlib.suppress(psutil.Error):
         cmd = " ".join(proc.cmdline()) or proc.name()
     return f"{proc.pid}: {cmd[:120]}"
-
-
-# -- the stamp -------------------------------------------------------------------------------
 
 
 def version(dist: str) -> str:
@@ -224,17 +204,11 @@ def version(dist: str) -> str:
 
 
 def git_revision() -> str:
-    """The repository's commit (``+dirty`` when the working tree has changes), or ``"?"``."""
+    """The repository's commit (``+dirty`` with changes in the working tree), or ``"?"``."""
     root = Path(__file__).resolve().parent.parent
+    cmd = ["git", "-C", str(root), "describe", "--always", "--dirty=+dirty"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(
-            ["git", "-C", str(root), "describe", "--always", "--dirty=+dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return out.stdout.strip() or "?"
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip() or "?"
     return "?"
 
 
@@ -242,16 +216,15 @@ def stamp(cores: int, command: str) -> dict[str, str]:
     """Machine, versions and date: printed beside every table and figure."""
     cpu = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
-        models = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ":" in ln]
-        cpu = next((ln.split(":", 1)[1].strip() for ln in models if "model name" in ln), cpu)
+        models = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln]
+        cpu = models[0].split(":", 1)[1].strip() if models else cpu
     memory = psutil.virtual_memory().total / 2**30
     info = {
         "machine": f"{cpu}, {cores} cores usable ({os.cpu_count()} present), "
         f"{memory:.0f} GiB RAM, {platform.system()} {platform.release()}",
         "python": platform.python_version(),
     }
-    for dist in ("torch", "triton", "loky", "pebble", "cloudpickle", "psutil"):
-        info[dist] = version(dist)
+    info |= {d: version(d) for d in ("torch", "triton", "loky", "pebble", "cloudpickle", "psutil")}
     info["precompile_executor"] = f"{version('precompile-executor')} ({git_revision()})"
     info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     info["command"] = command

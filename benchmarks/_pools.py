@@ -2,8 +2,7 @@
 
 Every handle has ``submit(fn, *args)`` → a ``concurrent.futures.Future``, ``map(fn, items,
 chunksize)`` → results in order, and ``close()`` (also on leaving a ``with`` block), which stops
-every worker process it started, killing them if needed. :func:`each` starts the named pools one
-after another and skips, with a note, those whose package is not installed.
+every worker process it started, killing them if needed.
 """
 
 from __future__ import annotations
@@ -13,24 +12,27 @@ import importlib.util
 import multiprocessing
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import precompile_executor as pe
 
 
 class Pool:
-    """A started pool of one kind; see the module docstring."""
+    """A started pool of one kind; ``timeout`` is per task, where the pool has one (pebble)."""
 
-    def __init__(self, name: str, executor: Any, close: Callable[[], None]) -> None:
+    def __init__(self, name: str, executor: Any, close: Callable[[], Any]) -> None:
         self.name, self.executor, self.close = name, executor, close
-        self.timeout: float | None = None  # per task, where the pool has one (pebble)
+        self.timeout: float | None = None
 
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        if self.name.startswith("pebble"):
+            return self.executor.schedule(fn, args=args, timeout=self.timeout)  # type: ignore[no-any-return]
         return self.executor.submit(fn, *args)  # type: ignore[no-any-return]
 
     def map(self, fn: Callable[..., Any], *items: Iterable[Any], chunksize: int = 1) -> Any:
-        return self.executor.map(fn, *items, chunksize=chunksize)
+        results = self.executor.map(fn, *items, chunksize=chunksize)
+        return results.result() if self.name.startswith("pebble") else results
 
     def __enter__(self) -> Pool:
         return self
@@ -39,47 +41,29 @@ class Pool:
         self.close()
 
 
-class _Pebble(Pool):
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
-        return self.executor.schedule(fn, args=args, timeout=self.timeout)  # type: ignore[no-any-return]
+def _stdlib(method: str, workers: int, initializer: Callable[[], None] | None) -> Pool:
+    # Python 3.12+ warns that fork() with threads running may deadlock; the stdlib pool is
+    # measured as people use it.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    context = multiprocessing.get_context(method)
+    ppe = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
 
-    def map(self, fn: Callable[..., Any], *items: Iterable[Any], chunksize: int = 1) -> Any:
-        return self.executor.map(fn, *items, chunksize=chunksize).result()
+    def close() -> None:
+        with contextlib.suppress(Exception):
+            getattr(ppe, "kill_workers", lambda: None)()  # Python 3.14+
+        ppe.shutdown(wait=True, cancel_futures=True)
 
-
-def missing(name: str) -> str | None:
-    """Why pool ``name`` can't run here (``None`` when it can)."""
-    if name in ("pebble", "loky") and importlib.util.find_spec(name) is None:
-        return f"{name} is not installed"
-    return None
+    return Pool(f"stdlib PPE ({method})", ppe, close)
 
 
 def start(name: str, workers: int, initializer: Callable[[], None] | None = None) -> Pool:
-    """Start pool ``name`` with ``workers`` workers, each running ``initializer`` first.
-
-    Names: ``"precompile"`` (a :class:`PrecompileExecutor`), ``"ppe-fork"``, ``"ppe-spawn"``
-    (stdlib), ``"loky"`` (``get_reusable_executor``), ``"pebble"``, ``"threads"``.
-    """
+    """Start pool ``name`` (``"precompile"``, ``"ppe-fork"``, ``"ppe-spawn"``, ``"loky"``
+    reusable, ``"pebble"``) of ``workers`` workers, each running ``initializer`` first."""
     if name == "precompile":
         ex = pe.PrecompileExecutor(workers, initializer=initializer)
         return Pool("PrecompileExecutor", ex, ex.terminate_workers)
-    if name in ("ppe-fork", "ppe-spawn"):
-        method = name.split("-")[1]
-        with warnings.catch_warnings():
-            # Python 3.12+ warns that fork() with threads running may deadlock; the stdlib pool
-            # is measured as people use it.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            context = multiprocessing.get_context(method)
-            ppe = ProcessPoolExecutor(workers, mp_context=context, initializer=initializer)
-
-        def close_ppe() -> None:
-            with contextlib.suppress(Exception):
-                getattr(ppe, "kill_workers", lambda: None)()  # Python 3.14+
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                ppe.shutdown(wait=True, cancel_futures=True)
-
-        return Pool(f"stdlib PPE ({method})", ppe, close_ppe)
+    if name.startswith("ppe-"):
+        return _stdlib(name.removeprefix("ppe-"), workers, initializer)
     if name == "loky":
         import loky
 
@@ -89,12 +73,7 @@ def start(name: str, workers: int, initializer: Callable[[], None] | None = None
         import pebble
 
         pool: Any = pebble.ProcessPool(max_workers=workers, initializer=initializer)
-        return _Pebble("pebble ProcessPool", pool, lambda: (pool.stop(), pool.join(timeout=30)))
-    if name == "threads":
-        tpe = ThreadPoolExecutor(workers)
-        return Pool(
-            f"ThreadPoolExecutor({workers})", tpe, lambda: tpe.shutdown(True, cancel_futures=True)
-        )
+        return Pool("pebble ProcessPool", pool, lambda: (pool.stop(), pool.join(timeout=30)))
     raise ValueError(f"unknown pool {name!r}")
 
 
@@ -105,12 +84,11 @@ def each(
     skipped: list[str],
     initializer: Callable[[], None] | None = None,
 ) -> Iterator[Pool]:
-    """Start each installed pool of ``names`` in turn (the caller closes it: ``with pool:``);
-    note the others in ``skipped``."""
+    """Start each pool of ``names`` in turn (the caller closes it: ``with pool:``); those whose
+    package is not installed are noted in ``skipped``."""
     for name in names:
-        why = missing(name)
-        if why:
-            skipped.append(f"{name}: skipped, {why}")
+        if name in ("pebble", "loky") and importlib.util.find_spec(name) is None:
+            skipped.append(f"{name}: skipped, {name} is not installed")
             continue
         ctx.log(f"{ctx.key}: {name}")
         yield start(name, workers, initializer)

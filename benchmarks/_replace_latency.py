@@ -4,24 +4,22 @@ Usage (from the repository root)::
 
     python -m benchmarks._replace_latency             # 20 crashes, template start
     python -m benchmarks._replace_latency --kill      # 20 timeout kills (0.5 s timeout)
-    python -m benchmarks._replace_latency --import benchmarks.s8_starts   # see below
+    python -m benchmarks._replace_latency --import benchmarks.s8_starts
     python -m benchmarks._replace_latency -n 40 --start interpreter
 
-One 1-worker executor whose initializer imports torch and triton (as scenario 8's ``solo``),
-warmed up; then, ``n`` times, what ``s8_starts._replacement_s`` measures: a task that SIGKILLs
-its own worker (or hangs past its timeout), then a task that returns ``time.monotonic()``. The
-total is counted from the first submit (``--kill``: from submit + timeout) to the second task's
-start in its worker. ``--import MODULE``: both tasks import ``MODULE`` first, as a task whose
-function lives in a module the template never imported does when it is unpickled (s8's tasks
-lived in ``s8_starts`` until it was found to cost ~90 ms per replacement).
+One warm 1-worker executor whose initializer imports torch and triton (as scenario 8's
+``solo``); then, ``n`` times, what ``s8_starts._replacement_s`` measures: a task that SIGKILLs
+its own worker (or hangs past its timeout), then a task that returns ``time.monotonic()``,
+counted from the first submit (``--kill``: submit + timeout) to the second task's start in its
+worker. ``--import MODULE``: both tasks import ``MODULE`` first, as a task whose function lives
+in a module the template never imported does when it is unpickled.
 
-The breakdown comes from the tasks' :class:`TaskTimeline` records, a stamp the crashing task
-writes just before it kills itself, and stamps taken by wrapping a few hub methods in this
-process (nothing in the library changes): the kill job's start and its signal (after its psutil
-snapshot of the group), the end of file seen, the fork request sent to the template, its
-``Forked``, ``Exited`` (the template reaped the dead worker: its exit code) and the
-replacement's ``Hello`` arriving, the crashed task's failure reported. Each step is printed as
-the median (min, max) over the rounds of its time from the origin.
+The steps come from the tasks' :class:`TaskTimeline` records, a stamp the crashing task writes
+just before it kills itself, and stamps taken by wrapping a few methods of the hub's parts in
+this process (nothing in the library changes): the kill's group snapshot and signal, the end of
+file seen, the fork request to the template, its ``Forked`` and ``Exited`` (the template reaped
+the dead worker), the replacement's ``Hello``, the crashed task's failure reported. Each step is
+printed as the median (min, max) over the rounds of its time from the origin.
 """
 
 from __future__ import annotations
@@ -29,63 +27,69 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import precompile_executor as pe
-from precompile_executor import _hub, _process
+from precompile_executor import _hub, _process, _starts
 
 from . import _tasks
+from ._common import median
+from ._report import Table
 
 _events: list[tuple[str, float]] = []
+_TEMPLATE_MESSAGES = {"Forked", "Exited", "ForkRefused", "Hello"}
 
 
-def _note(name: str) -> None:
-    _events.append((name, time.monotonic()))
-
-
-def _wrap(name: str, label_of: Callable[..., str | None], *, after: bool = False) -> None:
-    """Stamp a :class:`Hub` method's call (or, ``after``, its return) under the label
-    ``label_of(*args)`` gives (``None``: no stamp)."""
-    original = getattr(_hub.Hub, name)
+def _wrap(
+    cls: type, name: str, label_of: Callable[..., str | None], *, after: bool = False
+) -> None:
+    """Stamp ``cls.name``'s call (``after``: its return) as ``label_of(*args)`` (``None``: no
+    stamp)."""
+    original = getattr(cls, name)
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         label = label_of(*args)
         if label and not after:
-            _note(label)
+            _events.append((label, time.monotonic()))
         try:
             return original(self, *args, **kwargs)
         finally:
             if label and after:
-                _note(label)
+                _events.append((label, time.monotonic()))
 
-    setattr(_hub.Hub, name, wrapper)
+    setattr(cls, name, wrapper)
 
 
 def instrument() -> None:
-    """Wrap the hub methods (once per process)."""
-    if getattr(_hub.Hub, "_latency_stamps", False):
-        return
-    _hub.Hub._latency_stamps = True  # type: ignore[attr-defined]
+    """Wrap the hub's methods (once per process)."""
     descendants = _process.descendants
 
     def stamped_descendants(pid: int) -> Any:
-        _note("kill job starts")
+        _events.append(("kill job starts", time.monotonic()))
         try:
             return descendants(pid)
-        finally:
-            _note("group signalled")  # kill_group signals right after this snapshot
+        finally:  # kill_group signals right after this snapshot
+            _events.append(("group signalled", time.monotonic()))
 
     _process.descendants = stamped_descendants
-    _wrap("_eof", lambda conn: "eof")
-    _wrap("_ask_fork", lambda template, workers: "fork asked")
-    _wrap("_template_message", lambda template, message: type(message).__name__.lower())
-    _wrap("_hello", lambda conn, message: "hello")
-    _wrap("_reap", lambda worker, task: "crash reported" if task is not None else None, after=True)
+    _wrap(_hub.Hub, "eof", lambda conn: "eof")
+    _wrap(_starts.Starts, "_ask_fork", lambda template, workers: "fork asked")
+
+    def message_label(conn: Any, message: Any) -> str | None:
+        name = type(message).__name__
+        return name.lower() if name in _TEMPLATE_MESSAGES else None
+
+    _wrap(_hub.Hub, "dispatch", message_label)
+    _wrap(
+        _hub.Hub,
+        "_reap",
+        lambda worker, task: None if task is None else "crash reported",
+        after=True,
+    )
 
 
 def _first(name: str, since: float) -> float | None:
@@ -93,7 +97,7 @@ def _first(name: str, since: float) -> float | None:
 
 
 def one_round(
-    ex: pe.PrecompileExecutor, *, kill: bool, timeout: float, module: str | None = None
+    ex: pe.PrecompileExecutor, *, kill: bool, timeout: float, module: str | None
 ) -> dict[str, float | None]:
     """One crash (or timeout kill) and the next task; each step's time from the origin."""
     stamp_file = tempfile.mktemp(prefix="replace-latency-")
@@ -107,8 +111,7 @@ def one_round(
         )
     _events.clear()
     t0 = time.monotonic()
-    failed = view.submit(*first)
-    nxt = view.submit(*second)
+    failed, nxt = view.submit(*first), view.submit(*second)
     error = failed.exception(timeout=600)
     assert isinstance(error, (pe.WorkerCrashedError, pe.TaskTimeoutError)), error
     start: float = nxt.result(timeout=600)
@@ -122,12 +125,11 @@ def one_round(
             os.unlink(stamp_file)
         except (OSError, ValueError):
             pass  # died before the stamp (an import in --import failed?)
-    steps: dict[str, float | None] = {
+    steps = {
         "failing task sent": bad.sent,
         "its Started in parent": bad.started,
         "worker kills itself": killed,
-        "kill job starts": _first("kill job starts", t0),
-        "group signalled": _first("group signalled", t0),
+        **{k: _first(k, t0) for k in ("kill job starts", "group signalled")},
         "eof in parent": _first("eof", t0),
         "fork asked": _first("fork asked", t0),
         "Exited in parent": _first("exited", t0),
@@ -140,7 +142,7 @@ def one_round(
         "next starts in worker": start,
     }
     origin = t0 + timeout if kill else t0
-    return {k: (None if v is None else v - origin) for k, v in steps.items()}
+    return {k: None if v is None else v - origin for k, v in steps.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,12 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kill", action="store_true", help="a timeout kill instead of a crash")
     p.add_argument("--timeout", type=float, default=0.5, help="--kill: the timeout (0.5 s)")
     p.add_argument("--start", default="template", choices=("template", "interpreter"))
-    p.add_argument(
-        "--import",
-        dest="module",
-        default=None,
-        help="both tasks import this module first (one the template never imported)",
-    )
+    p.add_argument("--import", dest="module", help="both tasks import this module first")
     args = p.parse_args(argv)
     instrument()
     ex = pe.PrecompileExecutor(
@@ -173,25 +170,26 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         ex.shutdown()
         pe.stop_idle_workers()
-    totals = [r["next starts in worker"] or 0.0 for r in rounds]
+    origin = "submit + timeout" if args.kill else "the first submit"
+    rows = []
+    for key in rounds[0]:
+        if values := [v * 1e3 for r in rounds if (v := r[key]) is not None]:
+            rows.append(
+                {
+                    f"step (ms from {origin})": key,
+                    "median": f"{median(values):.1f}",
+                    "min": f"{min(values):.1f}",
+                    "max": f"{max(values):.1f}",
+                    "rounds": len(values),
+                }
+            )
     what = "timeout kill" if args.kill else "crash"
     extra = f", tasks import {args.module}" if args.module else ""
     print(
-        f"{what} -> next task starts (start={args.start}{extra}), {args.n} rounds: median "
-        f"{statistics.median(totals) * 1e3:.1f} ms (min {min(totals) * 1e3:.1f}, "
-        f"max {max(totals) * 1e3:.1f})"
+        Table.of(
+            f"{what} -> next task starts (start={args.start}{extra}), {args.n} rounds", rows
+        ).text()
     )
-    origin = "submit + timeout" if args.kill else "the first submit"
-    print(f"{'step (ms from ' + origin + ')':36} {'median':>8} {'min':>8} {'max':>8}")
-    for key in rounds[0]:
-        values = [v for r in rounds if (v := r[key]) is not None]
-        if not values:
-            continue
-        n = "" if len(values) == len(rounds) else f"  (in {len(values)} rounds)"
-        print(
-            f"{key:36} {statistics.median(values) * 1e3:8.1f} {min(values) * 1e3:8.1f} "
-            f"{max(values) * 1e3:8.1f}{n}"
-        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Results as tables and target ratios: printed to the console, written as Markdown, plotted."""
+"""The one renderer: rows become tables, goals become targets; printed, written as Markdown,
+plotted. Every scenario (and ``dask_bench``, ``ray_bench``, ``limits_probe``) feeds it rows."""
 
 from __future__ import annotations
 
@@ -10,27 +11,6 @@ from typing import Any
 from ._common import stamp_line
 
 
-@dataclasses.dataclass
-class Table:
-    """One table: a title, column names and rows of already formatted cells."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[str]] = dataclasses.field(default_factory=list)
-
-    def add(self, *cells: Any) -> None:
-        self.rows.append([cell(c) for c in cells])
-
-    @classmethod
-    def of(cls, title: str, rows: list[dict[str, Any]]) -> Table:
-        """A table of ``rows``: the first row's keys are the columns, values go through
-        :func:`cell`."""
-        table = cls(title, list(rows[0]) if rows else [])
-        for row in rows:
-            table.add(*row.values())
-        return table
-
-
 def cell(value: Any) -> str:
     """A table cell: floats with two decimals, NaN and ``None`` as a dash."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -38,36 +18,42 @@ def cell(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def intro(doc: str | None) -> str:
-    """A scenario module's docstring without its first line, as one paragraph."""
-    return " ".join((doc or "").split("\n\n", 1)[-1].split())
+def fmt_us(seconds: float) -> str:
+    """Seconds as whole microseconds with thousands separators (NaN: a dash)."""
+    return "—" if math.isnan(seconds) else f"{seconds * 1e6:,.0f}"
 
 
-def bars(
-    title: str,
-    labels: list[str],
-    series: dict[str, tuple[list[float], str]],
-    xlabel: str = "wall seconds",
-    **options: Any,
-) -> dict[str, Any]:
-    """A plot panel (see :func:`plot`): one bar group per label, one bar per series."""
-    spec = {"title": title, "labels": labels, "xlabel": xlabel, **options}
-    spec["series"] = [(name, values, color) for name, (values, color) in series.items()]
-    return spec
+@dataclasses.dataclass
+class Table:
+    """A title, column names and rows of formatted cells."""
 
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = dataclasses.field(default_factory=list)
 
-def colors(labels: list[str]) -> list[str]:
-    """Orange for this library's bars, blue for the others'."""
-    return ["tab:orange" if n.startswith(("Precompile", "ours")) else "tab:blue" for n in labels]
+    @classmethod
+    def of(cls, title: str, rows: list[dict[str, Any]]) -> Table:
+        """The first row's keys are the columns; values go through :func:`cell`."""
+        return cls(
+            title, list(rows[0]) if rows else [], [[cell(v) for v in r.values()] for r in rows]
+        )
+
+    def markdown(self, heading: str = "**{}**\n\n") -> str:
+        """The table in Markdown under ``heading`` (formatted with the title; "" for none)."""
+        head = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.rows]
+        return heading.format(self.title) + "\n".join([*head, *body])
+
+    def text(self) -> str:
+        widths = [max(map(len, col)) for col in zip(self.columns, *self.rows, strict=True)]
+        lines = [self.columns, ["-" * w for w in widths], *self.rows]
+        return "\n".join([self.title] + ["  ".join(map(str.ljust, ln, widths)) for ln in lines])
 
 
 @dataclasses.dataclass
 class Target:
-    """A goal stated as a ratio (or a number of seconds) and how the run did against it.
-
-    ``op`` is ``"<="`` or ``">="``; ``must`` is the hard limit where there is one (the goal is
-    the softer ``goal``). ``why`` explains a miss, from what the run measured.
-    """
+    """A goal stated as a ratio (or seconds) and how the run did against it: ``op`` is ``"<="``
+    or ``">="``; ``must`` the hard limit where the goal is softer; ``why`` explains a miss."""
 
     name: str
     value: float
@@ -78,8 +64,6 @@ class Target:
     why: str = ""
 
     def _ok(self, limit: float) -> bool:
-        if math.isnan(self.value):
-            return False
         return self.value <= limit if self.op == "<=" else self.value >= limit
 
     @property
@@ -107,7 +91,7 @@ class Target:
 
 @dataclasses.dataclass
 class Section:
-    """One scenario's results."""
+    """One scenario's results; ``plot`` is a panel from :func:`bars` (or empty)."""
 
     key: str
     title: str
@@ -118,27 +102,40 @@ class Section:
     plot: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def fmt_us(seconds: float) -> str:
-    return "—" if math.isnan(seconds) else f"{seconds * 1e6:,.0f}"
+def intro(doc: str | None) -> str:
+    """A scenario module's docstring without its first line, as one paragraph."""
+    return " ".join((doc or "").split("\n\n", 1)[-1].split())
 
 
-def _text_table(table: Table) -> str:
-    widths = [len(c) for c in table.columns]
-    for row in table.rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    line = "  ".join(c.ljust(w) for c, w in zip(table.columns, widths, strict=True))
-    out = [table.title, line, "  ".join("-" * w for w in widths)]
-    out += [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in table.rows
-    ]
-    return "\n".join(out)
+def bars(
+    title: str,
+    labels: list[str],
+    series: dict[str, tuple[list[float], str]],
+    xlabel: str = "wall seconds",
+    **options: Any,
+) -> dict[str, Any]:
+    """A plot panel: one bar group per label, one bar per series ``name: (values, color)``; a
+    single unnamed series with no color gets orange bars for this library, blue for the others.
+    ``options``: ``log``, ``fmt``, ``colors``, ``lines`` (``[{"x", "label", "color"}]``)."""
+    return {
+        "title": title,
+        "labels": labels,
+        "xlabel": xlabel,
+        "series": list(series.items()),
+        **options,
+    }
+
+
+def colors(labels: list[str]) -> list[str]:
+    """Orange for this library's bars, blue for the others'."""
+    return ["tab:orange" if n.startswith(("Precompile", "ours")) else "tab:blue" for n in labels]
 
 
 def print_section(section: Section) -> None:
     """Print a scenario's tables, targets and notes to stdout."""
     print(f"\n=== {section.title} ===", flush=True)
     for table in section.tables:
-        print(_text_table(table) + "\n")
+        print(table.text() + "\n")
     for target in section.targets:
         print(f"TARGET {target.describe()}")
         if target.verdict != "met" and target.why:
@@ -146,12 +143,6 @@ def print_section(section: Section) -> None:
     for note in section.notes:
         print(f"note: {note}")
     print(flush=True)
-
-
-def _md_table(table: Table) -> str:
-    head = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    body = ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table.rows]
-    return "\n".join([f"**{table.title}**", "", *head, *body])
 
 
 def markdown(
@@ -177,37 +168,36 @@ def markdown(
         "| scenario | target | measured | goal | verdict |",
         "|---|---|---|---|---|",
     ]
-    for section in sections:
-        for t in section.targets:
-            out.append(f"| {section.key} | {t.name} | {' | '.join(t.cells())} | {t.verdict} |")
-    misses = [(s, t) for s in sections for t in s.targets if t.verdict != "met" and t.why]
+    out += [
+        f"| {s.key} | {t.name} | {' | '.join(t.cells())} | {t.verdict} |"
+        for s in sections
+        for t in s.targets
+    ]
+    misses = [
+        f"- **{s.key}, {t.name}**: {t.why}"
+        for s in sections
+        for t in s.targets
+        if t.verdict != "met" and t.why
+    ]
     if misses:
-        out += ["", "Why the missed targets were missed:", ""]
-        out += [f"- **{s.key}, {t.name}**: {t.why}" for s, t in misses]
-    if plot_name is not None:
-        out += ["", f"![benchmark plots]({plot_name})", ""]
-    else:
-        out += ["", "(No plot: matplotlib is not installed.)", ""]
+        out += ["", "Why the missed targets were missed:", "", *misses]
+    out += [
+        "",
+        f"![benchmark plots]({plot_name})"
+        if plot_name
+        else "(No plot: matplotlib is not installed.)",
+        "",
+    ]
     for section in sections:
         out += [f"## {section.title}", "", section.intro, ""]
-        for table in section.tables:
-            out += [_md_table(table), ""]
-        for note in section.notes:
-            out.append(f"- {note}")
-        if section.notes:
-            out.append("")
+        out += [part for table in section.tables for part in (table.markdown(), "")]
+        out += [f"- {note}" for note in section.notes] + ([""] if section.notes else [])
     return "\n".join(out)
 
 
 def plot(sections: list[Section], info: dict[str, str], path: Path) -> bool:
-    """One PNG with a panel per plottable scenario, stamped with machine, versions and date.
-
-    A section's ``plot`` holds ``title``, ``labels`` (one per bar group), ``xlabel`` and either
-    ``values`` (one bar each, ``colors`` optional) or ``series``: ``[(name, values, color)]``
-    drawn as grouped bars with a legend; optional ``log``, ``fmt`` and ``lines`` (vertical
-    reference lines: ``{"x", "label", "color"}``). Returns ``False`` (and writes nothing) when
-    matplotlib is not installed.
-    """
+    """One PNG with a panel per section that has one, stamped with machine, versions and date;
+    ``False`` (nothing written) without matplotlib."""
     try:
         import matplotlib
     except ImportError:
@@ -215,12 +205,11 @@ def plot(sections: list[Section], info: dict[str, str], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [s for s in sections if s.plot]
-    cols = 2
-    rows = max(1, math.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(15, 4.6 * rows + 0.8), squeeze=False)
-    for ax, section in zip(axes.flat, panels, strict=False):
-        _panel(ax, section.plot, section.title)
+    panels = [s.plot for s in sections if s.plot]
+    rows = max(1, math.ceil(len(panels) / 2))
+    fig, axes = plt.subplots(rows, 2, figsize=(15, 4.6 * rows + 0.8), squeeze=False)
+    for ax, spec in zip(axes.flat, panels, strict=False):
+        _panel(ax, spec)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle("precompile_executor benchmarks", fontsize=12)
@@ -231,18 +220,20 @@ def plot(sections: list[Section], info: dict[str, str], path: Path) -> bool:
     return True
 
 
-def _panel(ax: Any, spec: dict[str, Any], title: str) -> None:
-    labels = spec["labels"]
-    series = spec.get("series")
-    if not series or len(series) == 1 and not series[0][0]:
-        values = series[0][1] if series else spec["values"]
-        series = [("", values, spec.get("colors") or colors(labels))]
-    height = 0.8 / len(series)
-    fmt = spec.get("fmt", "{:.2f}")
-    for k, (name, values, color) in enumerate(series):
+def _panel(ax: Any, spec: dict[str, Any]) -> None:
+    labels, series = spec["labels"], spec["series"]
+    if len(series) == 1 and not series[0][1][1]:  # one series, no color of its own
+        series = [("", (series[0][1][0], spec.get("colors") or colors(labels)))]
+    height, fmt = 0.8 / len(series), spec.get("fmt", "{:.2f}")
+    for k, (name, (values, color)) in enumerate(series):
         ys = [i - 0.4 + height * (k + 0.5) for i in range(len(labels))]
-        clean = [0.0 if math.isnan(v) else v for v in values]
-        ax.barh(ys, clean, height=height, color=color, label=name or None)
+        ax.barh(
+            ys,
+            [0.0 if math.isnan(v) else v for v in values],
+            height=height,
+            color=color,
+            label=name or None,
+        )
         for y, v in zip(ys, values, strict=True):
             if not math.isnan(v):
                 ax.text(v, y, " " + fmt.format(v), va="center", fontsize=7)
@@ -256,4 +247,4 @@ def _panel(ax: Any, spec: dict[str, Any], title: str) -> None:
         ax.text(line["x"], -0.6, " " + line["label"], fontsize=7, va="bottom")
     if len(series) > 1:
         ax.legend(fontsize=7, loc="best", framealpha=0.9)
-    ax.set_title(spec.get("title", title), fontsize=10)
+    ax.set_title(spec["title"], fontsize=10)

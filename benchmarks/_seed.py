@@ -1,21 +1,23 @@
 """Helion's two precompile modes, re-implemented minimally (their behaviour, not their code).
 
-* **fork mode** (:func:`run_forked`): one ``os.fork()`` child per task, at most ``jobs`` at once.
-  The child leads a new session, runs the task, writes its result to a file (temp file, fsync,
-  ``os.replace``) and leaves with ``os._exit``; the parent waits for it and reads the file.
-* **spawn mode** (:func:`run_spawned`): one fresh interpreter per task (``python -c``) that
-  imports torch and triton, loads the task from a file, runs it and writes the result the same
-  way.
+* fork mode (:func:`run_forked`): one ``os.fork()`` child per task, at most ``jobs`` at once; the
+  child leads a new session, runs the task, writes its result to a file (temp file, fsync,
+  ``os.replace``) and leaves with ``os._exit``; the parent reaps it and reads the file.
+* spawn mode (:func:`run_spawned`): one fresh interpreter per task that imports torch and
+  triton, loads the task from a file, runs it and writes the result the same way.
 
-Both count a task's timeout from its start, and on timeout send SIGTERM to the child's process
-group, wait :data:`KILL_GRACE_S`, then SIGKILL the group — as Helion does since it learnt that
-compiler grandchildren survive a plain kill.
+Both count a task's timeout from its start; on timeout they SIGTERM the child's group, wait
+:data:`KILL_GRACE_S`, then SIGKILL the group, as Helion does (compiler grandchildren survive a
+plain kill). ``python -m benchmarks._seed JOBS CACHE_DIR CONFIGS_JSON`` runs the fork mode on a
+compile batch from a parent that imported torch and triton but never compiled, and prints
+``{"wall_s", "failed", "task_s"}`` as one JSON line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import pickle
 import select
@@ -35,32 +37,21 @@ KILL_GRACE_S = 1.0
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 _SPAWN_CHILD = """
-import os, pickle, sys
-request, result = sys.argv[1], sys.argv[2]
+import pickle, sys
 for name in sys.argv[3:]:
     __import__(name)
-with open(request, "rb") as f:
+with open(sys.argv[1], "rb") as f:
     fn, args = pickle.load(f)
 from benchmarks._seed import run_and_write
-run_and_write(fn, args, result)
+run_and_write(fn, args, sys.argv[2])
 """
 
 
 @dataclasses.dataclass
 class Outcome:
-    """How one task ended.
-
-    Attributes:
-        ok: it returned a value.
-        value: that value.
-        error: ``"TypeName: message"`` of its exception, or why there was no result.
-        timed_out: it was killed at its deadline.
-        exit_code: the child's exit status (negative: killed by that signal).
-        started: ``time.monotonic()`` when the child was started.
-        ended: ``time.monotonic()`` when the parent had the outcome.
-    """
+    """How one task ended: ``error`` is ``"TypeName: message"`` or why there is no result;
+    ``started``/``ended`` are ``time.monotonic()`` at the child's start and at the outcome."""
 
     ok: bool
     value: Any = None
@@ -80,26 +71,19 @@ class _Child:
     pidfd: int | None = None
 
 
-def write_result(path: str, message: tuple[str, Any]) -> None:
-    """Write ``message`` to ``path`` atomically: a reader sees all of it or nothing."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(message, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def run_and_write(fn: Callable[..., Any], args: tuple[Any, ...], result_path: str) -> None:
-    """Child side: run ``fn(*args)``, write its outcome, and leave without cleanup."""
+    """Child side: run ``fn(*args)``, write its outcome atomically, leave without cleanup."""
     status = 0
     try:
         try:
             message: tuple[str, Any] = ("ok", fn(*args))
         except BaseException as exc:  # noqa: BLE001 - report any failure as a result
-            status = 1
-            message = ("error", f"{type(exc).__name__}: {exc}")
-        write_result(result_path, message)
+            status, message = 1, ("error", f"{type(exc).__name__}: {exc}")
+        with open(f"{result_path}.tmp", "wb") as f:
+            pickle.dump(message, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{result_path}.tmp", result_path)
     except BaseException:  # noqa: BLE001
         status = 70
     finally:
@@ -112,7 +96,7 @@ def _start_fork(call: Call, result_path: str) -> _Child:
             stream.flush()  # or the child would print the parent's buffered output again
     started = time.monotonic()
     pid = os.fork()
-    if pid == 0:  # the child
+    if pid == 0:
         with contextlib.suppress(OSError):
             os.setsid()
         run_and_write(call[0], call[1], result_path)
@@ -136,30 +120,15 @@ def _start_spawn(call: Call, result_path: str, imports: Sequence[str]) -> _Child
     return _Child(popen.pid, result_path, started, popen=popen)
 
 
-def _open_pidfd(child: _Child) -> None:
-    with contextlib.suppress(AttributeError, OSError):  # no pidfd: fall back to polling
-        child.pidfd = os.pidfd_open(child.pid)
-
-
-def _exited(child: _Child) -> int | None:
+def _exited(child: _Child, block: bool = False) -> int | None:
     """The child's exit status if it has exited (reaping it), else ``None``."""
     if child.popen is not None:
-        return child.popen.poll()
+        return child.popen.wait() if block else child.popen.poll()
     try:
-        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        pid, status = os.waitpid(child.pid, 0 if block else os.WNOHANG)
     except ChildProcessError:
         return -1
     return os.waitstatus_to_exitcode(status) if pid else None
-
-
-def _reap(child: _Child) -> int | None:
-    if child.popen is not None:
-        return child.popen.wait()
-    try:
-        _, status = os.waitpid(child.pid, 0)
-    except ChildProcessError:
-        return None
-    return os.waitstatus_to_exitcode(status)
 
 
 def _kill_group(child: _Child, grace_s: float) -> int | None:
@@ -167,17 +136,14 @@ def _kill_group(child: _Child, grace_s: float) -> int | None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
     end = time.monotonic() + grace_s
-    while time.monotonic() < end:
+    code = None
+    while code is None and time.monotonic() < end:
         code = _exited(child)
-        if code is not None:
-            # The leader is gone; grandchildren in its group may not be.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-            return code
-        time.sleep(0.005)
+        time.sleep(0 if code is not None else 0.005)
+    # Even once the leader is gone, grandchildren in its group may not be.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    return _reap(child)
+    return code if code is not None else _exited(child, block=True)
 
 
 def _read_result(child: _Child, code: int | None) -> Outcome:
@@ -194,17 +160,12 @@ def _read_result(child: _Child, code: int | None) -> Outcome:
 
 
 def _run(
-    calls: Sequence[Call],
-    jobs: int,
-    timeout: float | None,
-    start: Callable[[Call, str], _Child],
+    calls: Sequence[Call], jobs: int, timeout: float | None, start: Callable[[Call, str], _Child]
 ) -> list[Outcome]:
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
     scratch = tempfile.mkdtemp(prefix="bench-seed-")
     queue = deque(enumerate(calls))
     running: dict[int, _Child] = {}
-    outcomes: list[Outcome | None] = [None] * len(calls)
+    outcomes = [Outcome(False, error="never ran") for _ in calls]
 
     def finish(i: int, outcome: Outcome) -> None:
         child = running.pop(i)
@@ -217,13 +178,13 @@ def _run(
         while queue or running:
             while queue and len(running) < jobs:
                 i, call = queue.popleft()
-                child = start(call, os.path.join(scratch, f"{i}.result"))
-                _open_pidfd(child)
-                running[i] = child
-            now = time.monotonic()
+                running[i] = child = start(call, os.path.join(scratch, f"{i}.result"))
+                with contextlib.suppress(AttributeError, OSError):  # no pidfd: poll
+                    child.pidfd = os.pidfd_open(child.pid)
             wait_s = 0.002
             if timeout is not None:
-                wait_s = max(0.0, min(c.started + timeout for c in running.values()) - now)
+                next_deadline = min(c.started + timeout for c in running.values())
+                wait_s = max(0.0, next_deadline - time.monotonic())
             fds = [c.pidfd for c in running.values() if c.pidfd is not None]
             if len(fds) == len(running):
                 select.select(fds, [], [], None if timeout is None else wait_s)
@@ -231,8 +192,7 @@ def _run(
                 time.sleep(min(wait_s, 0.002))
             now = time.monotonic()
             for i, child in list(running.items()):
-                code = _exited(child)
-                if code is not None:
+                if (code := _exited(child)) is not None:
                     finish(i, _read_result(child, code))
                 elif timeout is not None and now >= child.started + timeout:
                     code = _kill_group(child, KILL_GRACE_S)
@@ -242,7 +202,7 @@ def _run(
             _kill_group(running[i], 0)
             finish(i, Outcome(False, error="interrupted"))
         shutil.rmtree(scratch, ignore_errors=True)
-    return [o if o is not None else Outcome(False, error="never ran") for o in outcomes]
+    return outcomes
 
 
 def run_forked(calls: Sequence[Call], jobs: int, timeout: float | None = None) -> list[Outcome]:
@@ -256,8 +216,26 @@ def run_spawned(
     timeout: float | None = None,
     imports: Sequence[str] = ("torch", "triton"),
 ) -> list[Outcome]:
-    """Run each call in a fresh interpreter that first imports ``imports`` (Helion's spawn mode).
-
-    The calls must be picklable by reference (module-level functions of an importable module).
-    """
+    """Run each call (picklable by reference) in a fresh interpreter that first imports
+    ``imports``, at most ``jobs`` at once (Helion's spawn mode)."""
     return _run(calls, jobs, timeout, lambda call, path: _start_spawn(call, path, imports))
+
+
+def main(argv: list[str]) -> int:
+    """The cold parent: see the module docstring."""
+    jobs, cache_dir, cfgs = int(argv[0]), argv[1], json.loads(argv[2])
+    import torch  # noqa: F401 - the autotuner's parent has torch loaded
+    import triton  # noqa: F401
+
+    from ._kernels import compile_config
+
+    start = time.perf_counter()
+    outcomes = run_forked([(compile_config, (tuple(cfg), cache_dir)) for cfg in cfgs], jobs)
+    wall = time.perf_counter() - start
+    task_s = [o.value["elapsed_s"] for o in outcomes if o.ok]
+    print(json.dumps({"wall_s": wall, "failed": sum(not o.ok for o in outcomes), "task_s": task_s}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -11,67 +11,85 @@ with the machine, the versions and the date; paste them into ``docs/benchmarks.m
 * **Compile batch**: distinct Triton matmul configs for sm_90 (``benchmarks._kernels``), on one
   node with one slot vs two nodes with one slot each. Pool workers are warmed first (the
   initializer pays the first compile), and each run uses a fresh Triton cache.
+
+The body (options, timing, tables) is shared with ``benchmarks.ray_bench``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import contextlib
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._common import stamp, usable_cores, version
-from ._kernels import compile_config, configs, warm_compile
+from ._common import median, stamp, timed, usable_cores, version
+from ._kernels import Config, compile_config, configs
+from ._report import Table
 
 
 def noop() -> None:
     """The task of the overhead rows."""
 
 
-def _per_task_map_us(executor: Any, n: int) -> float:
-    start = time.perf_counter()
-    list(executor.map(lambda _: noop(), range(n)))
-    return (time.perf_counter() - start) / n * 1e6
-
-
-def _round_trip_ms(executor: Any, n: int) -> float:
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        executor.submit(noop).result(timeout=60)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def _compile_batch_s(executor: Any, batch: list[Any]) -> float:
-    cache = tempfile.mkdtemp(prefix="dask-bench-cache-")
-    start = time.perf_counter()
-    futures = [executor.submit(compile_config, cfg, cache) for cfg in batch]
-    for f in futures:
-        f.result(timeout=600)
-    return time.perf_counter() - start
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def options(
+    prog: str, doc: str | None, argv: list[str]
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The shared options (with ``n_map``, ``n_rt`` and ``batch`` set) and the stamp."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {prog}", description=(doc or "").split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="few tasks and configs (smoke run)")
     parser.add_argument("--configs", type=int, default=12, help="configs in the compile batch")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each compile batch")
     args = parser.parse_args(argv)
-    n_noop, n_rt = (50, 10) if args.quick else (500, 50)
-    batch = configs(min(args.configs, 4) if args.quick else args.configs, quick=args.quick)
+    args.n_map, args.n_rt = (50, 10) if args.quick else (500, 50)
+    args.batch = configs(min(args.configs, 4) if args.quick else args.configs, quick=args.quick)
+    info = stamp(usable_cores(), " ".join([f"python -m {prog}", *argv]))
+    info["dask/distributed"] = f"{version('dask')}/{version('distributed')}"
+    return args, info
 
+
+def overhead(
+    run_all: Callable[[int], Any], run_one: Callable[[], Any], args: Any
+) -> tuple[float, float]:
+    """(µs per task of ``run_all(n_map)``, median ms of ``run_one()``), after a warm-up."""
+    run_all(20)  # warm: the pools have run a task, the caller's threads are up
+    per_task = timed(lambda: run_all(args.n_map))[0] / args.n_map * 1e6
+    return per_task, median(timed(run_one)[0] for _ in range(args.n_rt)) * 1e3
+
+
+def executor_overhead(executor: Any, args: Any) -> tuple[float, float]:
+    """:func:`overhead` of a ``concurrent.futures``-style executor."""
+
+    def run_all(n: int) -> None:
+        list(executor.map(lambda _: noop(), range(n)))
+
+    return overhead(run_all, lambda: executor.submit(noop).result(timeout=60), args)
+
+
+def batch_walls(executor: Any, batch: list[Config], repeat: int) -> list[float]:
+    """Wall seconds of ``repeat`` runs of the compile batch, each into a fresh Triton cache."""
+    walls = []
+    for _ in range(repeat):
+        cache = tempfile.mkdtemp(prefix="cluster-bench-cache-")
+        start = time.perf_counter()
+        for f in [executor.submit(compile_config, cfg, cache) for cfg in batch]:
+            f.result(timeout=600)
+        walls.append(time.perf_counter() - start)
+        shutil.rmtree(cache, ignore_errors=True)
+    return walls
+
+
+@contextlib.contextmanager
+def local_dask() -> Iterator[Any]:
+    """A client of a local dask cluster of two one-thread worker processes on 127.0.0.1."""
     import dask
     from distributed import Client, LocalCluster
 
-    from precompile_executor.dask import DaskPrecompileExecutor
-
-    info = stamp(
-        usable_cores(), "python -m benchmarks.dask_bench " + " ".join(argv or sys.argv[1:])
-    )
-    info["dask/distributed"] = f"{version('dask')}/{version('distributed')}"
     with (
         dask.config.set({"distributed.worker.daemon": False}),
         LocalCluster(
@@ -79,49 +97,80 @@ def main(argv: list[str] | None = None) -> int:
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=":0",
+            dashboard_address="127.0.0.1:0",
         ) as cluster,
         Client(cluster) as client,
     ):
+        yield client
+
+
+def report(
+    backend: str,
+    nodes: str,
+    args: Any,
+    rows: dict[str, tuple[float, float]],
+    walls: dict[int, list[float]],
+    info: dict[str, str],
+) -> None:
+    """Print the overhead and batch tables (ours first in ``rows``) and the stamp, as Markdown."""
+    ours_map, ours_rt = next(iter(rows.values()))
+    mp, rt = (
+        f"map of {args.n_map}, µs/task",
+        f"submit→result round trip, ms (median of {args.n_rt})",
+    )
+    overhead_rows = [
+        {"executor": name, mp: f"{m:.0f}", rt: f"{r:.2f}"} for name, (m, r) in rows.items()
+    ]
+    overhead_rows += [
+        {"executor": f"ratio ours / {name}", mp: f"{ours_map / m:.2f}×", rt: f"{ours_rt / r:.2f}×"}
+        for name, (m, r) in list(rows.items())[1:]
+    ]
+    one = min(walls[1])
+    batch = [
+        {
+            "nodes (1 slot each)": n,
+            "wall, s (each run)": ", ".join(f"{w:.2f}" for w in runs),
+            "speed-up over 1 node": f"{one / min(runs):.2f}×",
+        }
+        for n, runs in walls.items()
+    ]
+    title = f"### {backend}: compile batch, {len(args.batch)} distinct matmul configs for sm_90"
+    for table in (
+        Table.of(f"### {backend}: per-task overhead of a no-op ({nodes})", overhead_rows),
+        Table.of(title, batch),
+    ):
+        print(table.markdown("{}\n\n") + "\n")
+    for key, value in info.items():
+        print(f"- {key}: {value}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, info = options("benchmarks.dask_bench", __doc__, argv)
+    from precompile_executor.dask import DaskPrecompileExecutor
+
+    from ._kernels import warm_compile
+
+    rows: dict[str, tuple[float, float]] = {}
+    walls: dict[int, list[float]] = {}
+    with local_dask() as client:
         nodes = sorted(client.nthreads())
         with DaskPrecompileExecutor(client) as ours:
             ours.warm_up(timeout=120)
-            _per_task_map_us(ours, 20)
-            ours_map, ours_rt = _per_task_map_us(ours, n_noop), _round_trip_ms(ours, n_rt)
+            rows["`DaskPrecompileExecutor`"] = executor_overhead(ours, args)
         theirs = client.get_executor(pure=False)
-        _per_task_map_us(theirs, 20)
-        dask_map, dask_rt = _per_task_map_us(theirs, n_noop), _round_trip_ms(theirs, n_rt)
-
-        walls: dict[int, list[float]] = {}
-        for n_nodes in (1, 2):
+        rows["`Client.get_executor(pure=False)`"] = executor_overhead(theirs, args)
+        for n in (1, 2):
             with DaskPrecompileExecutor(
                 client,
                 initializer=warm_compile,
                 max_workers_per_node=1,
-                workers=nodes[:n_nodes],
+                workers=nodes[:n],
                 timeout=300,
             ) as ex:
                 ex.warm_up(timeout=300)
-                walls[n_nodes] = [_compile_batch_s(ex, batch) for _ in range(args.repeat)]
-
-    print("### dask: per-task overhead of a no-op (2 nodes, 1 thread each)\n")
-    print(
-        f"| executor | map of {n_noop}, µs/task | submit→result round trip, ms (median of {n_rt}) |"
-    )
-    print("|---|---|---|")
-    print(f"| `DaskPrecompileExecutor` | {ours_map:.0f} | {ours_rt:.1f} |")
-    print(f"| `Client.get_executor(pure=False)` | {dask_map:.0f} | {dask_rt:.1f} |")
-    print(f"| ratio ours / dask | {ours_map / dask_map:.2f}× | {ours_rt / dask_rt:.2f}× |\n")
-    print(f"### dask: compile batch, {len(batch)} distinct matmul configs for sm_90\n")
-    print("| nodes (1 slot each) | wall, s (each run) | speed-up over 1 node |")
-    print("|---|---|---|")
-    one = min(walls[1])
-    for n_nodes, runs in walls.items():
-        shown = ", ".join(f"{w:.2f}" for w in runs)
-        print(f"| {n_nodes} | {shown} | {one / min(runs):.2f}× |")
-    print()
-    for key, value in info.items():
-        print(f"- {key}: {value}")
+                walls[n] = batch_walls(ex, args.batch, args.repeat)
+    report("dask", "2 nodes, 1 thread each", args, rows, walls, info)
     return 0
 
 

@@ -24,6 +24,7 @@ after the count, tried then, does not end the driver's thread.)
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -86,23 +87,22 @@ print(json.dumps({"case": case, "template": template, "child": json.loads(data o
 
 def main() -> int:
     """Run every case; print its line and a verdict for the NVML case."""
+    argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_fork_probe", description=__doc__.split("\n")[0]
+    ).parse_args()
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     results = {}
     # A file, not ``-c``: @triton.jit reads its function's source, which ``-c`` code has none of.
     with tempfile.NamedTemporaryFile("w", suffix="_fork_probe.py", delete=False) as f:
         f.write(_CHILD)
     for case in CASES:
-        env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        env["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         try:
             proc = subprocess.run(
-                [sys.executable, f.name, case],
-                capture_output=True,
-                text=True,
-                timeout=180,
-                env=env,
+                [sys.executable, f.name, case], capture_output=True, text=True, timeout=180, env=env
             )
             line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
             results[case] = json.loads(line) if line else {"stderr": proc.stderr[-1500:]}
@@ -110,10 +110,9 @@ def main() -> int:
             results[case] = {"error": "timed out after 180 s (a hang in the child?)"}
         print(json.dumps(results[case]), flush=True)
     os.unlink(f.name)
-    for case in CASES:
-        child = results.get(case, {}).get("child", {})
-        template = results.get(case, {}).get("template", {})
-        can = bool(child.get("ok"))
+    for case, result in results.items():
+        can = bool(result.get("child", {}).get("ok"))
+        template = result.get("template", {})
         forks = "fork_safety" in template and template["fork_safety"] is None
         print(
             f"VERDICT {case}: its forked child {'can' if can else 'can NOT'} use CUDA;",

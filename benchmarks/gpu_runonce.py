@@ -10,20 +10,14 @@ What it measures, in one process and one run (so the figures share a machine sta
 
 1. **Autotune batch, one GPU** — ``--configs`` matmul configs (``benchmarks._kernels``), each
    compiled and run once on GPU 0 with ``--workers`` at a time, each strategy with a fresh
-   Triton cache:
-
-   * *seed fork*: Helion's fork mode — one forked child per config compiles it (no CUDA in the
-     child: the JIT runs under the compile-only driver), then the parent runs each config once,
-     one after another (a cache hit each);
-   * *seed spawn*: Helion's spawn mode — one fresh interpreter per config imports torch and
-     Triton, loads the arguments from the file written once with ``torch.save``, compiles,
-     and runs the kernel between device synchronisations;
-   * *ours*: warm ``PrecompileExecutor`` workers pinned to GPU 0 run ``run_once`` tasks with
-     ``share_args`` arguments (loaded once per worker);
-   * *ideal*: ``max(sum(compile) / workers, longest compile + run, sum(run) / GPUs)``, from
-     the compile times the workers measured and each kernel's time alone on a GPU (CUDA events,
-     measured in this process after the batch).
-
+   Triton cache: *seed fork* (Helion's fork mode: one forked child per config compiles it under
+   the compile-only driver, then the parent runs each config once, a cache hit each); *seed
+   spawn* (one fresh interpreter per config loads the arguments written once with
+   ``torch.save``, compiles and runs the kernel between device synchronisations); *ours* (warm
+   ``PrecompileExecutor`` workers pinned to GPU 0 run ``run_once`` tasks with ``share_args``
+   arguments, loaded once per worker); *ideal*: ``max(sum(compile) / workers, longest compile +
+   run, sum(run) / GPUs)``, from the workers' compile times and each kernel's time alone on a
+   GPU (CUDA events, measured in this process after the batch).
 2. **The same batch on every GPU** — ours with ``devices=[0, 1, ...]``: the ratio to one GPU.
 3. **Run-phase scaling** — the same configs on a ``--big`` matmul (compiles cached), run once
    per config on one GPU and on every GPU, twice each; the ratio of the second passes.
@@ -39,11 +33,9 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import datetime
 import functools
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -57,12 +49,15 @@ import torch
 import triton
 
 from benchmarks import _kernels, _seed
+from benchmarks._common import stamp, usable_cores
 from precompile_executor import PrecompileExecutor, stop_idle_workers
 from precompile_executor.gpu import RunOnce, RunReport, SharedArgs, run_once, share_args
 from precompile_executor.triton import TensorSpec, classify, compile_only_driver, parse_target
 
 TARGET = "cuda:90"
 """What the fork-mode children compile for (the H100/H200); a launch here must hit their cache."""
+
+Configs = Sequence[_kernels.Config]
 
 
 # -- tasks (module level: workers and fresh interpreters import them by reference) ------------
@@ -71,14 +66,8 @@ TARGET = "cuda:90"
 def matmul_kwargs(cfg: _kernels.Config) -> dict[str, Any]:
     """The launch keyword arguments of one ``(BLOCK_M, BLOCK_N, BLOCK_K, stages, warps)``."""
     bm, bn, bk, stages, warps = cfg
-    return {
-        "BLOCK_M": bm,
-        "BLOCK_N": bn,
-        "BLOCK_K": bk,
-        "GROUP_M": 8,
-        "num_stages": stages,
-        "num_warps": warps,
-    }
+    blocks = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}
+    return {**blocks, "num_stages": stages, "num_warps": warps}
 
 
 def matmul_grid(meta: Any) -> tuple[int]:
@@ -88,8 +77,7 @@ def matmul_grid(meta: Any) -> tuple[int]:
 
 def matmul_args(size: int, device: str) -> tuple[Any, ...]:
     """``(a, b, c, M, N, K, strides...)`` of a ``size``-cubed fp16 matmul."""
-    a = torch.randn(size, size, dtype=torch.float16, device=device)
-    b = torch.randn(size, size, dtype=torch.float16, device=device)
+    a, b = (torch.randn(size, size, dtype=torch.float16, device=device) for _ in range(2))
     c = torch.empty(size, size, dtype=torch.float16, device=device)
     return (a, b, c, size, size, size, *a.stride(), *b.stride(), *c.stride())
 
@@ -101,10 +89,13 @@ def in_cache(cache_dir: str, task: RunOnce) -> RunReport:
 
 
 def warm_worker(delay_s: float) -> int:
-    """What a worker that served an earlier batch has done: CUDA up, compiler libraries loaded."""
+    """What a worker that served an earlier batch has done: CUDA up, compiler libraries loaded
+    (a launch of the package's layer norm, ``benchmarks._kernels.layer_norm``)."""
     with _kernels.triton_cache_dir(tempfile.mkdtemp(prefix="bench-warm-"), remove=True):
-        x = torch.ones(4096, device="cuda")
-        _kernels.scale[(4,)](x, torch.empty_like(x), 4096, BLOCK=1024)
+        x = torch.ones(4, 1024, device="cuda")
+        w, rows = torch.ones(1024, device="cuda"), torch.empty(4, device="cuda")
+        args = (x, torch.empty_like(x), w, torch.zeros_like(w), rows, torch.empty_like(rows))
+        _kernels.layer_norm[(4,)](*args, x.stride(0), 1024, 1e-5, BLOCK_SIZE=1024)
         torch.cuda.synchronize()
     time.sleep(delay_s)
     return os.getpid()
@@ -129,31 +120,17 @@ def _tag(name: str) -> None:
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def _sh(*cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"({exc})"
-
-
 def machine() -> dict[str, Any]:
-    """Date, GPUs, driver, versions and cores: printed beside every figure."""
-    import cloudpickle
-    import loky
-
-    gpus = _sh("nvidia-smi", "--query-gpu=index,name,driver_version,pci.bus_id", "--format=csv")
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "gpus": gpus.splitlines()[1:],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": triton.__version__,
-        "loky": loky.__version__,
-        "cloudpickle": cloudpickle.__version__,
-        "cores": len(os.sched_getaffinity(0)),
-    }
+    """The run's stamp (``benchmarks._common.stamp``) with the GPUs and CUDA."""
+    try:
+        query = ["nvidia-smi", "--query-gpu=index,name,driver_version,pci.bus_id", "--format=csv"]
+        gpus = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        gpus = f"(\n{exc})"
+    info: dict[str, Any] = stamp(
+        usable_cores(), " ".join(["python -m benchmarks.gpu_runonce", *sys.argv[1:]])
+    )
+    return info | {"gpus": gpus.splitlines()[1:], "cuda": torch.version.cuda}
 
 
 @contextlib.contextmanager
@@ -169,8 +146,9 @@ def fresh_cache(label: str) -> Iterator[str]:
 def warm_pool(pool: PrecompileExecutor, workers: int, timeout: float) -> None:
     """Start every worker and give each one the state an earlier batch would have left."""
     pool.warm_up(timeout=timeout)
-    futures = [pool.submit(warm_worker, 0.5) for _ in range(workers)]
-    pids = {f.result(timeout=timeout) for f in futures}
+    pids = {
+        f.result(timeout=timeout) for f in [pool.submit(warm_worker, 0.5) for _ in range(workers)]
+    }
     if len(pids) < workers:
         print(f"  (warm-up reached {len(pids)} of {workers} workers)")
 
@@ -191,14 +169,23 @@ def run_batch(
     return time.perf_counter() - start, reports, failures
 
 
-def kernel_times(
-    configs: Sequence[_kernels.Config], args: tuple[Any, ...], cache_dir: str
-) -> dict[str, float]:
-    """Each config's kernel time alone on the GPU (CUDA events around a second launch, here).
+def matmul_tasks(
+    configs: Configs, args: SharedArgs | tuple[Any, ...], cache_dir: str
+) -> list[Callable[[], RunReport]]:
+    """One picklable run-once task per config, compiling into ``cache_dir``."""
+    return [
+        functools.partial(
+            in_cache,
+            cache_dir,
+            run_once(_kernels.matmul, args, grid=matmul_grid, **matmul_kwargs(cfg)),
+        )
+        for cfg in configs
+    ]
 
-    A worker's ``launch_s`` is no GPU cost: it includes the time slices that other processes'
-    kernels took on the same GPU. The configs are compiled already (``cache_dir``).
-    """
+
+def kernel_times(configs: Configs, args: tuple[Any, ...], cache_dir: str) -> dict[str, float]:
+    """Each config's kernel time alone on the GPU (CUDA events around a second launch, here;
+    a worker's ``launch_s`` includes other processes' kernels' time slices on the GPU)."""
     times: dict[str, float] = {}
     with _kernels.triton_cache_dir(cache_dir):
         for cfg in configs:
@@ -210,17 +197,15 @@ def kernel_times(
             _kernels.matmul[matmul_grid](*args, **kwargs)
             end.record()
             end.synchronize()
-            times[run_once(_kernels.matmul, (), grid=matmul_grid, **kwargs).label] = (
-                start.elapsed_time(end) / 1000
-            )
+            label = run_once(_kernels.matmul, (), grid=matmul_grid, **kwargs).label
+            times[label] = start.elapsed_time(end) / 1000
     return times
 
 
 def ideal_s(
     reports: Sequence[RunReport], alone: dict[str, float], workers: int, gpus: int
 ) -> float:
-    """The batch's lower bound: ``max(sum(compile) / workers, longest compile + run, sum(run) /
-    GPUs)``, from the workers' compile times and each kernel's time alone on a GPU."""
+    """The batch's lower bound (see the module docstring)."""
     if not reports:
         return float("nan")
     runs = [alone.get(r.label, 0.0) for r in reports]
@@ -238,9 +223,7 @@ def _line(label: str, wall: float, extra: str = "") -> None:
 # -- the scenarios ------------------------------------------------------------------------------
 
 
-def seed_fork(
-    configs: Sequence[_kernels.Config], size: int, workers: int, timeout: float
-) -> dict[str, Any]:
+def seed_fork(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
     """Forked children compile, then this process runs each config once (Helion's fork mode)."""
     args = matmul_args(size, "cuda")
     hits: list[bool] = []
@@ -258,9 +241,7 @@ def seed_fork(
         failures = [o.error for o in outcomes if not o.ok]
         with triton.knobs.compilation.scope():
             triton.knobs.compilation.listener = listen
-            for cfg, outcome in zip(configs, outcomes, strict=True):
-                if not outcome.ok:
-                    continue
+            for cfg in (c for c, o in zip(configs, outcomes, strict=True) if o.ok):
                 try:
                     torch.cuda.synchronize()
                     _kernels.matmul[matmul_grid](*args, **matmul_kwargs(cfg))
@@ -268,35 +249,25 @@ def seed_fork(
                 except Exception as exc:  # noqa: BLE001
                     failures.append(f"{type(exc).__name__}: {str(exc)[:120]}")
         wall = time.perf_counter() - start
+    hit = sum(hits)
     return {
         "wall_s": wall,
         "compile_phase_s": compiled,
         "run_phase_s": wall - compiled,
-        "parent_cache_hits": sum(hits),
-        "parent_compiles": len(hits) - sum(hits),
+        "parent_cache_hits": hit,
+        "parent_compiles": len(hits) - hit,
         "failures": failures,
     }
 
 
-def seed_spawn(
-    configs: Sequence[_kernels.Config], size: int, workers: int, timeout: float
-) -> dict[str, Any]:
+def seed_spawn(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
     """One fresh interpreter per config loads the args file, compiles and runs (spawn mode)."""
     args = matmul_args(size, "cuda")
     with fresh_cache("spawn") as cache_dir:
         start = time.perf_counter()
         with share_args(args) as shared:
-            calls = [
-                (
-                    in_cache,
-                    (
-                        cache_dir,
-                        run_once(_kernels.matmul, shared, grid=matmul_grid, **matmul_kwargs(cfg)),
-                    ),
-                )
-                for cfg in configs
-            ]
-            outcomes = _seed.run_spawned(calls, workers, timeout)
+            tasks = matmul_tasks(configs, shared, cache_dir)
+            outcomes = _seed.run_spawned([(t.func, t.args) for t in tasks], workers, timeout)  # type: ignore[attr-defined]
         wall = time.perf_counter() - start
     reports = [o.value for o in outcomes if o.ok]
     return {
@@ -307,40 +278,7 @@ def seed_spawn(
     }
 
 
-def matmul_tasks(
-    configs: Sequence[_kernels.Config], args: SharedArgs | tuple[Any, ...], cache_dir: str
-) -> list[Callable[[], RunReport]]:
-    """One picklable run-once task per config, compiling into ``cache_dir``."""
-    return [
-        functools.partial(
-            in_cache,
-            cache_dir,
-            run_once(_kernels.matmul, args, grid=matmul_grid, **matmul_kwargs(cfg)),
-        )
-        for cfg in configs
-    ]
-
-
-def ours(
-    pool: PrecompileExecutor,
-    configs: Sequence[_kernels.Config],
-    args: tuple[Any, ...],
-    cache_dir: str,
-    timeout: float,
-) -> tuple[float, list[RunReport], list[str]]:
-    """One run-once batch on warm workers with shared arguments (the file write included)."""
-    start = time.perf_counter()
-    with share_args(args) as shared:
-        _, reports, failures = run_batch(pool, matmul_tasks(configs, shared, cache_dir), timeout)
-    return time.perf_counter() - start, reports, failures
-
-
-def _per_gpu(reports: Sequence[RunReport]) -> str:
-    counts = collections.Counter(f"{r.device.pinned}={r.device.uuid[-8:]}" for r in reports)
-    return ", ".join(f"{k}: {v} tasks" for k, v in sorted(counts.items()))
-
-
-def scenario_seeds(opts: argparse.Namespace, configs: Sequence[_kernels.Config]) -> dict[str, Any]:
+def scenario_seeds(opts: argparse.Namespace, configs: Configs) -> dict[str, Any]:
     """1a. Helion's fork and spawn modes on one GPU."""
     fork = seed_fork(configs, opts.size, opts.workers, opts.timeout)
     _line(
@@ -348,34 +286,36 @@ def scenario_seeds(opts: argparse.Namespace, configs: Sequence[_kernels.Config])
         fork["wall_s"],
         f"compile phase {fork['compile_phase_s']:.2f} s, run phase {fork['run_phase_s']:.2f} s, "
         f"parent cache hits {fork['parent_cache_hits']}/"
-        f"{fork['parent_cache_hits'] + fork['parent_compiles']}, "
-        f"failures {len(fork['failures'])}",
+        f"{fork['parent_cache_hits'] + fork['parent_compiles']}, failures {len(fork['failures'])}",
     )
     spawn = seed_spawn(configs, opts.size, opts.workers, opts.timeout)
-    _line(
-        "seed spawn (interpreter per config)",
-        spawn["wall_s"],
-        f"mean child {spawn['mean_child_s']:.2f} s, failures {len(spawn['failures'])}",
-    )
+    extra = f"mean child {spawn['mean_child_s']:.2f} s, failures {len(spawn['failures'])}"
+    _line("seed spawn (interpreter per config)", spawn["wall_s"], extra)
     for failure in fork["failures"][:3] + spawn["failures"][:3]:
         print("    failure:", failure)
     return {"seed_fork": fork, "seed_spawn": spawn}
 
 
+def _per_gpu(reports: Sequence[RunReport]) -> str:
+    counts = collections.Counter(f"{r.device.pinned}={r.device.uuid[-8:]}" for r in reports)
+    return ", ".join(f"{k}: {v} tasks" for k, v in sorted(counts.items()))
+
+
 def scenario_batch(
-    opts: argparse.Namespace,
-    configs: Sequence[_kernels.Config],
-    pool: PrecompileExecutor,
-    gpus: int,
-    cache_dir: str,
+    opts: argparse.Namespace, configs: Configs, pool: PrecompileExecutor, gpus: int, cache_dir: str
 ) -> dict[str, Any]:
-    """1b/2. Ours: one run-once batch on a warm pool; the ideal from its own task times."""
+    """1b/2. Ours: one run-once batch on a warm pool (the shared-arguments file write included);
+    the ideal from its own task times."""
     args = matmul_args(opts.size, "cuda")
-    wall, reports, failures = ours(pool, configs, args, cache_dir, opts.timeout)
+    start = time.perf_counter()
+    with share_args(args) as shared:
+        _, reports, failures = run_batch(
+            pool, matmul_tasks(configs, shared, cache_dir), opts.timeout
+        )
+    wall = time.perf_counter() - start
     alone = kernel_times(configs, args, cache_dir)
     ideal = ideal_s(reports, alone, opts.workers, gpus)
-    compile_s = sum(r.compile_s for r in reports)
-    run_s = sum(r.launch_s for r in reports)
+    compile_s, run_s = sum(r.compile_s for r in reports), sum(r.launch_s for r in reports)
     _line(
         f"ours, warm pool, {gpus} GPU(s)",
         wall,
@@ -385,8 +325,8 @@ def scenario_batch(
     _line(
         f"ideal, {gpus} GPU(s)",
         ideal,
-        f"max(sum compile/workers, longest compile+run, sum run alone {sum(alone.values()):.2f} s"
-        f"/GPUs)",
+        "max(sum compile/workers, longest compile+run, sum run alone "
+        f"{sum(alone.values()):.2f} s/GPUs)",
     )
     print(f"    tasks per GPU: {_per_gpu(reports)}")
     for failure in failures[:3]:
@@ -404,9 +344,7 @@ def scenario_batch(
 
 
 def scenario_run_phase(
-    opts: argparse.Namespace,
-    configs: Sequence[_kernels.Config],
-    pools: Sequence[tuple[str, PrecompileExecutor, str]],
+    opts: argparse.Namespace, configs: Configs, pools: Sequence[tuple[str, PrecompileExecutor, str]]
 ) -> dict[str, list[float]]:
     """3. Every config run once on a large matmul, compiles cached, two passes per pool."""
     walls: dict[str, list[float]] = {}
@@ -430,7 +368,7 @@ def scenario_run_phase(
 
 
 def scenario_args(
-    opts: argparse.Namespace, configs: Sequence[_kernels.Config], pool: PrecompileExecutor
+    opts: argparse.Namespace, configs: Configs, pool: PrecompileExecutor
 ) -> dict[str, Any]:
     """4. One compiled config, run len(configs) times: shared arguments vs pickled per task."""
     args = matmul_args(opts.size, "cpu")
@@ -449,17 +387,15 @@ def scenario_args(
         _, pickled_reports, _ = run_batch(pool, tasks, opts.timeout)
         pickled_s = time.perf_counter() - start
     loads = sum(r.args_loaded for r in shared_reports)
-    _line(
-        "shared (torch.save once)",
-        shared_s,
-        f"{loads} loads of {mib:.0f} MiB, sum load {sum(r.load_s for r in shared_reports):.2f} s",
-    )
-    _line(
-        "pickled with every task",
-        pickled_s,
-        f"{len(pickled_reports)} loads of {mib:.0f} MiB, sum load "
-        f"{sum(r.load_s for r in pickled_reports):.2f} s",
-    )
+    for label, wall, n, reports in (
+        ("shared (torch.save once)", shared_s, loads, shared_reports),
+        ("pickled with every task", pickled_s, len(pickled_reports), pickled_reports),
+    ):
+        _line(
+            label,
+            wall,
+            f"{n} loads of {mib:.0f} MiB, sum load {sum(r.load_s for r in reports):.2f} s",
+        )
     print(f"  pickled / shared = {pickled_s / shared_s:.2f}x")
     return {"shared_s": shared_s, "pickled_s": pickled_s, "mib": mib, "shared_loads": loads}
 
@@ -489,15 +425,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"batch: {len(configs)} matmul configs, {opts.size}^3 fp16, {opts.workers} workers, "
         f"GPUs {gpus}; run phase {opts.big}^3; timeout {opts.timeout:g} s per task"
     )
-
     print("\n1. autotune batch (compile + run once), one GPU, a fresh Triton cache each")
     if not opts.skip_seed:  # first: forking is safest before this process has pools' threads
         results.update(scenario_seeds(opts, configs))
-    common: dict[str, Any] = {"timeout": opts.timeout, "classify": classify}
-    one = PrecompileExecutor(opts.workers, devices=[0], initializer=_tag, initargs=("1",), **common)
-    every = PrecompileExecutor(
-        opts.workers, devices=gpus, initializer=_tag, initargs=("n",), **common
-    )
+    common: dict[str, Any] = {"timeout": opts.timeout, "classify": classify, "initializer": _tag}
+    one = PrecompileExecutor(opts.workers, devices=[0], initargs=("1",), **common)
+    every = PrecompileExecutor(opts.workers, devices=gpus, initargs=("n",), **common)
     try:
         with fresh_cache("ours1") as cache1, fresh_cache("oursN") as cache_n:
             warm_pool(one, opts.workers, opts.timeout)
@@ -506,15 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fork_s, spawn_s = results["seed_fork"]["wall_s"], results["seed_spawn"]["wall_s"]
                 print(
                     f"  seed fork / ours = {fork_s / b1['wall_s']:.2f}x, seed spawn / ours = "
-                    f"{spawn_s / b1['wall_s']:.2f}x, ours / ideal = "
-                    f"{b1['wall_s'] / b1['ideal_s']:.2f}x"
+                    f"{spawn_s / b1['wall_s']:.2f}x, "
+                    f"ours / ideal = {b1['wall_s'] / b1['ideal_s']:.2f}x"
                 )
-
             print(f"\n2. the same batch on GPUs {gpus} (a fresh pool and cache)")
             warm_pool(every, opts.workers, opts.timeout)
             results["ours_ngpu"] = bn = scenario_batch(opts, configs, every, len(gpus), cache_n)
             print(f"  1 GPU / {len(gpus)} GPUs = {b1['wall_s'] / bn['wall_s']:.2f}x")
-
             print(f"\n3. run phase: {opts.big}^3 matmul, compiled configs, 1 GPU vs {len(gpus)}")
             label_n = f"{len(gpus)} GPUs"
             walls = scenario_run_phase(
@@ -523,7 +454,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratio = walls["1 GPU"][1] / walls[label_n][1]
             print(f"  1 GPU / {len(gpus)} GPUs = {ratio:.2f}x (second passes)")
             results["run_phase"] = {"walls": walls, "ratio": ratio}
-
         print(
             f"\n4. shared arguments vs pickled with every task ({opts.size}^3 fp16 arguments, "
             f"one compiled config, {len(configs)} tasks, GPUs {gpus})"

@@ -92,7 +92,7 @@ case "${1:-tests}" in
     fi
     timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
-      ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
+      ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} ${AUTOTUNE_MODES:+--modes $AUTOTUNE_MODES} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"

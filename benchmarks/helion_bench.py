@@ -84,6 +84,9 @@ def shim_intel_gpu_error() -> bool:
     return True
 
 
+_PROCESS_STARTED = __import__("psutil").Process().create_time()
+"""When this interpreter started: whole-process figures are the parent's; this splits them into
+before the autotune (interpreter, imports, inputs, executor set-up), the autotune, and after."""
 SHIMMED = shim_intel_gpu_error()  # at import: spawn children of Helion import this module first
 
 
@@ -154,6 +157,52 @@ def _softmax() -> Any:
         return out
 
     return softmax
+
+
+_PROVIDER = ("helion.autotuner.benchmark_provider", "LocalBenchmarkProvider")
+PHASES = {
+    "codegen": ("helion.runtime.kernel", "BoundKernel", "compile_config"),
+    "baseline": (*_PROVIDER, "_compute_baseline"),
+    "measure": (*_PROVIDER, "_benchmark_function"),
+    "rebenchmark": (*_PROVIDER, "benchmark_isolated"),
+}
+"""Where an autotune's time goes: Helion's serial steps on the autotuning thread, each timed
+(Σ seconds, calls) by wrapping the method named here for the run. ``codegen`` is each config's
+host code (its ``compile_config``, called again as a cache hit by ``benchmark``), ``measure`` the
+accuracy check and timing of one config, ``rebenchmark`` the final re-timing of the best."""
+
+
+@contextlib.contextmanager
+def _phase_timers(into: dict[str, list[float]]) -> Any:
+    """Time :data:`PHASES` (outermost calls only) while the block runs; restore them after."""
+    import importlib
+
+    saved = []
+    for name, (module, cls_name, attr) in PHASES.items():
+        cls = getattr(importlib.import_module(module), cls_name)
+        real = cls.__dict__[attr]
+        into[name] = [0.0, 0]
+        depth = [0]
+
+        def timed(*a: Any, _real: Any = real, _acc: list[float] = into[name],
+                  _depth: list[int] = depth, **kw: Any) -> Any:  # fmt: skip
+            _depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return _real(*a, **kw)
+            finally:
+                _depth[0] -= 1
+                if not _depth[0]:
+                    _acc[0] += time.perf_counter() - t
+                    _acc[1] += 1
+
+        setattr(cls, attr, timed)
+        saved.append((cls, attr, real))
+    try:
+        yield into
+    finally:
+        for cls, attr, real in saved:
+            setattr(cls, attr, real)
 
 
 def run_scenario(
@@ -241,13 +290,17 @@ def run_scenario(
 
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
         _future.Stream.close = timed_close  # type: ignore[method-assign]
+        phases: dict[str, list[float]] = {}
+        out["before_autotune_s"] = time.time() - _PROCESS_STARTED
         t0 = time.perf_counter()
         try:
-            best = kernel.autotune(args, force=True)
+            with _phase_timers(phases):
+                best = kernel.autotune(args, force=True)
         finally:
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
             _future.Stream.close = real_close  # type: ignore[method-assign]
         out["autotune_s"] = time.perf_counter() - t0
+        out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         if mode == "ours-spawn":  # the background warm-up, from use(), against the autotune
             from precompile_executor.helion import _warm
 
@@ -378,7 +431,40 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
                 f"{'; '.join(f'`{c}`' for c in configs)} |"
             )
     head = [f"- {k}: {v}" for k, v in stamp.items()]
-    return "\n".join(head + ["", *lines, ""])
+    return "\n".join(head + ["", *lines, "", *phase_table(rows), ""])
+
+
+def phase_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the whole process goes (medians, s): before the autotune, Helion's serial steps
+    (:data:`PHASES`, Σ s / calls), the precompile wait, the rest of the autotune, after it."""
+    lines = [
+        "| scenario | mode | before autotune | " + " | ".join(PHASES) + " | precompile wait | "
+        "rest of autotune | after autotune |",
+        "|---|---|---|" + "---|" * (len(PHASES) + 3),
+    ]
+    for scenario, modes in SCENARIOS.items():
+        for mode in modes:
+            ok = [
+                r for r in rows
+                if (r["scenario"], r["mode"]) == (scenario, mode) and "phases" in r
+            ]  # fmt: skip
+            if not ok:
+                continue
+            cells = [_fmt(_median(ok, "before_autotune_s"), ".1f")]
+            spent = []
+            for name in PHASES:
+                sums = [r["phases"][name][0] for r in ok]
+                calls = [r["phases"][name][1] for r in ok]
+                spent.append(statistics.median(sums))
+                cells.append(f"{statistics.median(sums):.1f} / {statistics.median(calls):.0f}")
+            wait = _median(ok, "precompile_wait_s") or 0.0
+            autotune = _median(ok, "autotune_s") or 0.0
+            cells.append(f"{wait:.1f}")
+            cells.append(f"{autotune - sum(spent) - wait:.1f}")
+            after = [r["process_s"] - r["before_autotune_s"] - r["autotune_s"] for r in ok]
+            cells.append(f"{statistics.median(after):.1f}")
+            lines.append(f"| {scenario} | {mode} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

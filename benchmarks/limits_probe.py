@@ -35,6 +35,8 @@ from typing import Any
 import precompile_executor as pe
 from precompile_executor import _memory
 
+from ._common import median, timed
+from ._report import Table
 from ._tasks import import_torch_triton
 
 MIB = 1 << 20
@@ -65,22 +67,25 @@ def _cpu_s() -> float:
 
 def recycling(rounds: int = 15) -> None:
     """Median round trip of ``os.getpid`` on one worker: recycled after every task or not."""
-    import statistics
-
-    print("\n| start | max_tasks_per_child | median round trip ms | distinct pids |")
-    print("|---|---|---|---|")
+    rows = []
     for start in ("template", "interpreter"):
         for limit in (None, 1):
             with pe.PrecompileExecutor(1, start=start, max_tasks_per_child=limit) as ex:
                 ex.warm_up(timeout=600)
                 ex.submit(os.getpid).result(timeout=600)
-                times, pids = [], set()
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    pids.add(ex.submit(os.getpid).result(timeout=600))
-                    times.append(time.perf_counter() - t0)
-            median = statistics.median(times) * 1e3
-            print(f"| {start} | {limit} | {median:.1f} | {len(pids)} |")
+                runs = [
+                    timed(lambda ex=ex: ex.submit(os.getpid).result(timeout=600))
+                    for _ in range(rounds)
+                ]
+            rows.append(
+                {
+                    "start": start,
+                    "max_tasks_per_child": str(limit),
+                    "median round trip ms": f"{median(t for t, _ in runs) * 1e3:.1f}",
+                    "distinct pids": len({pid for _, pid in runs}),
+                }
+            )
+    print("\n" + Table.of("recycling", rows).markdown(""))
 
 
 def main() -> None:
@@ -107,10 +112,12 @@ def main() -> None:
     with pe.PrecompileExecutor(n, initializer=import_torch_triton, memory_limit=LIMIT) as ex:
         pids = ex.warm_up(timeout=600)
         print(f"start mode: {ex.statistics().start} {ex.statistics().start_note or ''}")
-        print("\n| worker | RSS MiB | shared MiB | charge MiB |\n|---|---|---|---|")
+        rows = []
         for pid in pids:
-            rss, shared = _memory.rss_bytes(pid), _memory.shared_bytes(pid)
-            print(f"| {pid} | {rss / MIB:.0f} | {shared / MIB:.0f} | {(rss - shared) / MIB:.0f} |")
+            rss, shared = _memory.rss_bytes(pid) / MIB, _memory.shared_bytes(pid) / MIB
+            row = {"worker": pid, "RSS MiB": rss, "shared MiB": shared, "charge MiB": rss - shared}
+            rows.append({k: f"{v:.0f}" for k, v in row.items()})
+        print("\n" + Table.of("workers", rows).markdown(""))
 
         rounds = 50
         t0 = time.perf_counter()

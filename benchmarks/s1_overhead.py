@@ -30,94 +30,100 @@ REFERENCE_US = {
 }
 """(map µs/task / round trip µs) on the project's 2-core machine (REFERENCE.md)."""
 
-
-def _per_task(fn: Callable[[int], Any], n: int, reps: int) -> float:
-    return median(timed(lambda: fn(n))[0] / n for _ in range(reps))
+Runner = Callable[[int], Any]
 
 
-def _row(
-    name: str,
-    run_map: Callable[[int], Any] | None,
-    submit: Callable[[int], Any],
-    n_map: int,
-    n_rt: int,
-    reps: int,
-    note: str = "",
-    seed: bool = False,
-) -> dict[str, Any]:
-    """Time the map (at ``n_map`` and, on a pool, at an eighth of it) and the round trip; a pool
-    is warmed first: every worker started and has run the task once."""
-    if not seed and run_map is not None:
-        run_map(max(64, n_map // 8))
-        [submit(i) for i in range(min(20, n_rt))]
-    nan = math.nan
-    return {
-        "name": name,
-        "map": nan if run_map is None else _per_task(run_map, n_map, reps),
-        "small": nan if seed or run_map is None else _per_task(run_map, max(8, n_map // 8), reps),
-        "rt": nan if n_rt == 0 else _per_task(lambda n: [submit(i) for i in range(n)], n_rt, reps),
-        "note": note,
-    }
+def _per_task(fn: Runner | None, n: int, reps: int) -> float:
+    return (
+        math.nan
+        if fn is None or n == 0
+        else median(timed(lambda: fn(n))[0] / n for _ in range(reps))
+    )
 
 
-def _on(pool: Any, chunks: int = 1) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+def _on(pool: Any, chunks: int = 1) -> tuple[Runner, Runner]:
     def run_map(n: int) -> None:
         assert list(pool.map(noop, range(n), chunksize=chunks)) == list(range(n))
 
-    return run_map, lambda i: pool.submit(noop, i).result()
+    return run_map, lambda n: [pool.submit(noop, i).result() for i in range(n)]
 
 
 def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per pool (name, map at n and n/8, round trip, note); a pool is warmed first."""
     w, reps = ctx.workers, ctx.repeats
-    n_map, n_rt = (200, 50) if ctx.quick else (2000, 500)
-    n_fork = 20 if ctx.quick else 100
-    rows, skipped = [], []
+    n_map, n_rt, n_fork = (200, 50, 20) if ctx.quick else (2000, 500, 100)
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+
+    def row(
+        name: str,
+        run_map: Runner | None,
+        rt: Runner,
+        n: int,
+        n_rt: int,
+        note: str = "",
+        seed: bool = False,
+        r: int = reps,
+    ) -> None:
+        if not seed and run_map is not None:
+            run_map(max(64, n // 8))
+            rt(min(20, n_rt))
+        small = _per_task(None if seed else run_map, max(8, n // 8), r)
+        rows.append(
+            {
+                "name": name,
+                "map": _per_task(run_map, n, r),
+                "small": small,
+                "rt": _per_task(rt, n_rt, r),
+                "note": note,
+            }
+        )
+
     ctx.log(f"s1: PrecompileExecutor({w}), map of {n_map} no-ops, {n_rt} round trips")
-    ex = pe.PrecompileExecutor(w)
-    try:
+    with pe.PrecompileExecutor(w) as ex:
         ex.warm_up(timeout=120)
-        rows.append(_row("PrecompileExecutor (spawn path)", *_on(ex), n_map, n_rt, reps))
+        row("PrecompileExecutor (spawn path)", *_on(ex), n_map, n_rt)
         for chunks in (20, 100):
-            name = f"PrecompileExecutor map, chunksize={chunks}"
-            rows.append(_row(name, *_on(ex, chunks), n_map, 0, reps, "map only"))
-        fork = ex.options(path="fork")
+            row(
+                f"PrecompileExecutor map, chunksize={chunks}",
+                *_on(ex, chunks),
+                n_map,
+                0,
+                "map only",
+            )
         note = f"{n_fork} tasks in the map"
-        rows.append(_row("PrecompileExecutor (fork path)", *_on(fork), n_fork, 50, reps, note))
-    finally:
+        row("PrecompileExecutor (fork path)", *_on(ex.options(path="fork")), n_fork, 50, note)
         ex.terminate_workers()
     # PrecompileExecutor goes first: a fork-started multiprocessing worker that exits runs the
     # parent's threading-atexit hooks, the library's hub shutdown among them.
     for pool in _pools.each(("ppe-fork", "ppe-spawn", "loky", "pebble"), w, ctx, skipped):
         with pool:
-            rows.append(_row(pool.name, *_on(pool), n_map, n_rt, reps))
-
+            row(pool.name, *_on(pool), n_map, n_rt)
     ctx.log("s1: the seed's modes (one fork, one fresh interpreter per task)")
-    seq = 10 if ctx.quick else 50
-    rows.append(
-        _row(
-            "seed fork mode: one fork per task",
-            lambda n: _seed.run_forked([(noop, (i,)) for i in range(n)], w),
-            lambda i: _seed.run_forked([(noop, (i,))], 1),
-            n_fork,
-            seq,
-            reps,
-            f"{n_fork} tasks in the map, {seq} round trips",
-            seed=True,
+    seq, spawned = (10, 1) if ctx.quick else (50, 3)
+    for mode, n, n_rt, name in (
+        (_seed.run_forked, n_fork, seq, "seed fork mode: one fork per task"),
+        (_seed.run_spawned, 2 * w, spawned, "seed spawn mode: one fresh interpreter per task"),
+    ):
+
+        def many(n: int, mode: Any = mode) -> Any:
+            return mode([(noop, (i,)) for i in range(n)], w)
+
+        def one(n: int, mode: Any = mode) -> Any:
+            return [mode([(noop, (i,))], 1) for i in range(n)]
+
+        spawn = mode is _seed.run_spawned
+        note = f"{n} tasks in the map, {n_rt} round trips"
+        row(
+            name,
+            None if spawn and ctx.quick else many,
+            one,
+            n,
+            n_rt,
+            note,
+            True,
+            1 if spawn else reps,
         )
-    )
-    spawned = 1 if ctx.quick else 3
-    rows.append(
-        _row(
-            "seed spawn mode: one fresh interpreter per task",
-            None if ctx.quick else lambda n: _seed.run_spawned([(noop, (i,)) for i in range(n)], w),
-            lambda i: _seed.run_spawned([(noop, (i,))], 1),
-            2 * w,
-            spawned,
-            1,
-            f"{2 * w} tasks in the map, {spawned} round trips",
-            seed=True,
-        )
-    )
     return rows, skipped
 
 
@@ -138,13 +144,13 @@ def run(ctx: Context) -> Section:
             for r in rows
         ],
     )
-    by = {r["name"]: r for r in rows}
-    ours, ppe = by["PrecompileExecutor (spawn path)"], by.get("stdlib PPE (fork)")
     section = Section(
         "s1", "1. Per-task overhead (no-op, warm pool)", intro(__doc__), [table], notes=skipped
     )
+    by = {r["name"]: r for r in rows}
+    ours, ppe = by["PrecompileExecutor (spawn path)"], by.get("stdlib PPE (fork)")
     if ppe is not None:
-        growth = (
+        why = (
             f"its map costs {fmt_us(ours['small'])} µs/task at {max(8, n_map // 8)} tasks and "
             f"{fmt_us(ours['map'])} at {n_map}; with chunksize=100 "
             f"{fmt_us(by['PrecompileExecutor map, chunksize=100']['map'])}; a map cannot beat "
@@ -152,11 +158,11 @@ def run(ctx: Context) -> Section:
         )
         ratio = ours["map"] / ppe["map"]
         section.targets.append(
-            Target("warm map overhead vs stdlib PPE (fork)", ratio, "<=", 1.0, 1.5, why=growth)
+            Target("warm map overhead vs stdlib PPE (fork)", ratio, "<=", 1.0, 1.5, why=why)
         )
         section.notes.append(
-            f"Round trip, PrecompileExecutor vs stdlib PPE (fork): {ours['rt'] / ppe['rt']:.2f}×"
-            " (no target)."
+            "Round trip, PrecompileExecutor vs stdlib PPE (fork): "
+            f"{ours['rt'] / ppe['rt']:.2f}× (no target)."
         )
     section.plot = bars(
         f"1. No-op task overhead, warm pools of {w} (µs, log scale)",

@@ -15,7 +15,7 @@ listed order, with ``options(priority=...)`` (largest first), or sorted by the c
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 import precompile_executor as pe
@@ -60,29 +60,30 @@ def measure(ctx: Context, cfgs: list[Config]) -> dict[str, list[BatchRun]]:
     warm_compile()  # the sequential runs measure warm compiles: pay the first one here
     runs: dict[str, list[BatchRun]] = {}
 
-    def record(key: str, run_: Callable[[str], BatchRun]) -> None:
+    def record(key: str, how: Executor | Callable[[str], BatchRun]) -> None:
         ctx.log(f"s2: {STRATEGIES[key][0]}")
-        runs.setdefault(key, []).append(run_(ctx.fresh_dir("cache")))
+        cache = ctx.fresh_dir("cache")
+        run_ = _batch.on_executor(how, cfgs, cache) if isinstance(how, Executor) else how(cache)
+        runs.setdefault(key, []).append(run_)
 
     for rnd in range(ctx.repeats):
         record("seq", lambda d: _batch.sequential(cfgs, d))
         pe.stop_idle_workers()  # cold: no worker left from an earlier run
         with _batch.new_executor(w) as ex:
-            record("cold", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
+            record("cold", ex)
         pe.stop_idle_workers()
         with _batch.new_executor(w) as ex:
             ex.warm_up(timeout=_batch.RESULT_TIMEOUT_S)
-            record("started", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
+            record("started", ex)
             _batch.warm_workers(ex)
-            record("warm", lambda d: _batch.on_executor(ex, cfgs, d))  # noqa: B023
-            fork = ex.options(path="fork")
-            record("fork", lambda d: _batch.on_executor(fork, cfgs, d))  # noqa: B023
+            record("warm", ex)
+            record("fork", ex.options(path="fork"))
         with ThreadPoolExecutor(w) as tpe:
-            record("threads", lambda d: _batch.on_executor(tpe, cfgs, d))  # noqa: B023
+            record("threads", tpe)
         record("seed_warm", lambda d: _batch.seed_fork(cfgs, d, w))
         record("seed_cold", lambda d: _batch.seed_fork_cold_parent(cfgs, d, w))
         if rnd == 0:
-            record("spawn", lambda d: _batch.seed_spawn(cfgs, d, w))
+            record("spawn", lambda d: _batch.seed_fork(cfgs, d, w, spawn=True))
     return runs
 
 

@@ -34,7 +34,7 @@ Task = tuple[Callable[..., Any], tuple[Any, ...], bool]
 
 @dataclasses.dataclass
 class FaultRun:
-    """One faulty batch: wall time and what happened to the innocent tasks."""
+    """One faulty batch: wall time, what happened to the innocent tasks, errors by type."""
 
     wall_s: float
     innocent_failed: int
@@ -95,41 +95,10 @@ def _seed_run(tasks: list[Task], w: int, timeout: float, log: str) -> FaultRun:
     return FaultRun(time.perf_counter() - start, failed, _reruns(log), errors)
 
 
-def _errors(runs: list[FaultRun]) -> str:
-    total = sum((r.errors for r in runs), collections.Counter[str]())
-    n = max(1, len(runs))
-    return ", ".join(f"{name} ×{count / n:g}" for name, count in total.most_common()) or "—"
-
-
-def _ours(
-    ctx: Context, cfgs: list[Config], k: int, timeout: float, spares: int, start_s: float
+def _row(
+    name: str, batch: str, faulty: list[FaultRun], clean: list[float], note: str = "one run"
 ) -> dict[str, Any]:
-    """Fault-free and faulty batches, ``repeats`` times each, on one warm PrecompileExecutor."""
-    name = "PrecompileExecutor (warm)" + (f", spare_workers={spares}" if spares else "")
-    ex = _batch.new_executor(ctx.workers, spare_workers=spares)
-    view = ex.options(timeout=timeout)
-    faulty, clean = [], []
-    try:
-        for _ in range(ctx.repeats):
-            for label in ("fault-free", "with faults"):
-                _batch.warm_workers(ex)
-                if spares:
-                    _wait_for_spares(ctx.workers + spares, start_s)
-                ctx.log(f"s3: {name}, {label}")
-                if label == "fault-free":
-                    clean.append(_batch.on_executor(view, cfgs, ctx.fresh_dir("ff")).wall_s)
-                else:
-                    log = ctx.fresh_dir("log") + "/starts.log"
-                    tasks = faulty_batch(cfgs, ctx.fresh_dir("faulty"), log, k, k)
-                    faulty.append(_submit_all(view.submit, tasks, log))
-        stats = ex.statistics()
-    finally:
-        ex.shutdown()
-    note = (
-        f"{stats.timed_out} timed out, {stats.crashed} crashed, {stats.worker_restarts} worker "
-        "restarts in all runs"
-    )
-    return _row(name, "hangs + crashes", faulty, clean, note) | {"restarts": stats.worker_restarts}
+    return {"name": name, "batch": batch, "faulty": faulty, "clean": clean, "note": note}
 
 
 def _wait_for_spares(processes: int, start_s: float) -> None:
@@ -149,21 +118,35 @@ def _wait_for_spares(processes: int, start_s: float) -> None:
     time.sleep(start_s)
 
 
-def _row(name: str, batch: str, faulty: list[FaultRun], clean: list[float], note: str) -> Any:
-    return {
-        "name": name,
-        "batch": batch,
-        "faulty": faulty,
-        "wall": median(r.wall_s for r in faulty),
-        "ff": median(clean),
-        "walls": spread(r.wall_s for r in faulty),
-        "ffs": spread(clean) if clean else "—",
-        "note": note,
-    }
-
-
-def _warm_task(_: int) -> int:
-    return warm_compile(0.2)
+def _ours(
+    ctx: Context, cfgs: list[Config], k: int, timeout: float, spares: int, start_s: float
+) -> dict[str, Any]:
+    """Fault-free and faulty batches, ``repeats`` times each, on one warm PrecompileExecutor."""
+    name = "PrecompileExecutor (warm)" + (f", spare_workers={spares}" if spares else "")
+    faulty, clean = [], []
+    with _batch.new_executor(ctx.workers, spare_workers=spares) as ex:
+        view = ex.options(timeout=timeout)
+        for _ in range(ctx.repeats):
+            for with_faults in (False, True):
+                _batch.warm_workers(ex)
+                if spares:
+                    _wait_for_spares(ctx.workers + spares, start_s)
+                ctx.log(f"s3: {name}, {'with faults' if with_faults else 'fault-free'}")
+                if with_faults:
+                    log = ctx.fresh_dir("log") + "/starts.log"
+                    faulty.append(
+                        _submit_all(
+                            view.submit, faulty_batch(cfgs, ctx.fresh_dir("faulty"), log, k, k), log
+                        )
+                    )
+                else:
+                    clean.append(_batch.on_executor(view, cfgs, ctx.fresh_dir("ff")).wall_s)
+        stats = ex.statistics()
+    note = (
+        f"{stats.timed_out} timed out, {stats.crashed} crashed, {stats.worker_restarts} worker "
+        "restarts in all runs"
+    )
+    return _row(name, "hangs + crashes", faulty, clean, note) | {"restarts": stats.worker_restarts}
 
 
 def measure(
@@ -179,27 +162,25 @@ def measure(
     seed_ff = _batch.seed_fork(cfgs, ctx.fresh_dir("seed-ff"), w).wall_s
     log = ctx.fresh_dir("log") + "/starts.log"
     seed = _seed_run(faulty_batch(cfgs, ctx.fresh_dir("seed"), log, k, k), w, timeout, log)
-    rows.append(
-        _row("seed fork mode (warm parent)", "hangs + crashes", [seed], [seed_ff], "one run")
-    )
+    rows.append(_row("seed fork mode (warm parent)", "hangs + crashes", [seed], [seed_ff]))
     skipped: list[str] = []
     for pool in _pools.each(("pebble", "loky", "ppe-fork"), w, ctx, skipped, import_torch_triton):
         with pool:
-            list(pool.map(_warm_task, range(2 * w)))
+            list(pool.map(warm_compile, [0.2] * (2 * w)))
             clean = []
             if pool.name.startswith("pebble"):  # the one with a per-task timeout
                 pool.timeout = timeout
-                start = time.perf_counter()
-                cache = ctx.fresh_dir("ff")
+                start, cache = time.perf_counter(), ctx.fresh_dir("ff")
                 clean = [
-                    _batch.collect([pool.submit(compile_config, c, cache) for c in cfgs], start)
+                    _batch.collect(
+                        [pool.submit(compile_config, c, cache) for c in cfgs], start
+                    ).wall_s
                 ]
-            hangs = k if clean else 0
             log = ctx.fresh_dir("log") + "/starts.log"
-            tasks = faulty_batch(cfgs, ctx.fresh_dir("faulty"), log, hangs, k)
+            tasks = faulty_batch(cfgs, ctx.fresh_dir("faulty"), log, k if clean else 0, k)
             run_ = _submit_all(pool.submit, tasks, log)
-        batch = "hangs + crashes" if hangs else "crashes only (no per-task timeout)"
-        rows.append(_row(pool.name, batch, [run_], [r.wall_s for r in clean], "one run"))
+        batch = "hangs + crashes" if clean else "crashes only (no per-task timeout)"
+        rows.append(_row(pool.name, batch, [run_], clean))
     return rows, skipped, start_s
 
 
@@ -212,9 +193,13 @@ def run(ctx: Context) -> Section:
     timeout = max(2.0 if ctx.quick else 5.0, 3 * max(times.values()))
     ctx.log(f"s3: {len(cfgs)} configs + {k} hanging + {k} crashing tasks, timeout {timeout:.1f}s")
     rows, skipped, start_s = measure(ctx, cfgs, k, timeout)
+    for r in rows:
+        r["wall"], r["ff"] = median(f.wall_s for f in r["faulty"]), median(r["clean"])
+        r["budget"] = r["ff"] + k * timeout / w
 
-    def budget(row: dict[str, Any]) -> float:
-        return float(row["ff"] + k * timeout / w)
+    def errors(runs: list[FaultRun]) -> str:
+        total = sum((r.errors for r in runs), collections.Counter[str]())
+        return ", ".join(f"{name} ×{n / len(runs):g}" for name, n in total.most_common()) or "—"
 
     table = Table.of(
         f"{len(cfgs)} configs + {k} hanging + {k} crashing tasks on {w} workers, per-task "
@@ -223,12 +208,12 @@ def run(ctx: Context) -> Section:
             {
                 "pool": r["name"],
                 "batch": r["batch"],
-                "wall (s)": r["walls"],
-                "fault-free wall (s)": r["ffs"],
-                "budget (s)": budget(r),
+                "wall (s)": spread(f.wall_s for f in r["faulty"]),
+                "fault-free wall (s)": spread(r["clean"]),
+                "budget (s)": r["budget"],
                 "innocent failed": max(f.innocent_failed for f in r["faulty"]),
                 "innocent re-run": max(f.innocent_rerun for f in r["faulty"]),
-                "how the faulty tasks failed": _errors(r["faulty"]),
+                "how the faulty tasks failed": errors(r["faulty"]),
                 "note": r["note"],
             }
             for r in rows
@@ -243,44 +228,47 @@ def run(ctx: Context) -> Section:
         "run); the fork-based pools restart in milliseconds from a parent that imported them"
     )
     lost = max(f.innocent_failed + f.innocent_rerun for r in rows[:2] for f in r["faulty"])
+    targets = [
+        Target(
+            "faulty batch / (fault-free + hung × timeout / workers)",
+            ours["wall"] / ours["budget"],
+            "<=",
+            1.10,
+            why=why,
+        ),
+        Target(
+            f"the same with spare_workers={k}",
+            spares["wall"] / spares["budget"],
+            "<=",
+            1.10,
+            why="even a warm spare must pay its first compile, and the spare that replaces "
+            "it starts during the batch, on the same cores",
+        ),
+        Target(
+            "innocent tasks lost by PrecompileExecutor",
+            float(lost),
+            "<=",
+            0,
+            unit="",
+            why="an innocent task failed or ran twice: a bug in crash isolation",
+        ),
+    ]
+    notes = skipped + [
+        f"{r['name']} lost {r['faulty'][0].innocent_failed} of {len(cfgs)} innocent tasks to "
+        f"{k} crash(es)"
+        for r in rows
+        if r["batch"].startswith("crashes only")
+    ]
+    notes.append(
+        f"Starting one fresh PrecompileExecutor worker (what a restart costs): {start_s:.2f}s."
+    )
     section = Section(
         "s3",
         "3. Faults: hangs past the timeout and crashes",
         intro(__doc__),
         [table],
-        [
-            Target(
-                "faulty batch / (fault-free + hung × timeout / workers)",
-                ours["wall"] / budget(ours),
-                "<=",
-                1.10,
-                why=why,
-            ),
-            Target(
-                f"the same with spare_workers={k}",
-                spares["wall"] / budget(spares),
-                "<=",
-                1.10,
-                why="even a warm spare must pay its first compile, and the spare that replaces "
-                "it starts during the batch, on the same cores",
-            ),
-            Target(
-                "innocent tasks lost by PrecompileExecutor",
-                float(lost),
-                "<=",
-                0,
-                unit="",
-                why="an innocent task failed or ran twice: a bug in crash isolation",
-            ),
-        ],
-        notes=skipped
-        + [
-            f"{r['name']} lost {r['faulty'][0].innocent_failed} of {len(cfgs)} innocent tasks to "
-            f"{k} crash(es)"
-            for r in rows
-            if r["batch"].startswith("crashes only")
-        ]
-        + [f"Starting one fresh PrecompileExecutor worker (what a restart costs): {start_s:.2f}s."],
+        targets,
+        notes,
     )
     plotted = [r for r in rows if r["batch"] == "hangs + crashes"]
     section.plot = bars(
@@ -289,7 +277,7 @@ def run(ctx: Context) -> Section:
         {
             "fault-free": ([r["ff"] for r in plotted], "tab:green"),
             "budget: fault-free + hung × timeout / workers": (
-                [budget(r) for r in plotted],
+                [r["budget"] for r in plotted],
                 "tab:gray",
             ),
             "with faults": ([r["wall"] for r in plotted], "tab:red"),

@@ -29,7 +29,8 @@ from typing import Any
 import triton
 
 import precompile_executor as pe
-from precompile_executor.triton import TensorSpec, launch, triton_prior_s, warm
+from precompile_executor.examples import kernels as examples
+from precompile_executor.triton import triton_prior_s, warm
 
 from . import _batch, _pools, gantt
 from ._common import Context, median, spread
@@ -93,13 +94,10 @@ def _autotuned(cfgs: Sequence[Config]) -> Any:
 def _warm_run(
     ex: pe.PrecompileExecutor, kernel: Any, cache: str
 ) -> tuple[float, int, list[pe.TaskTimeline], dict[int, float]]:
-    m = n = k = 4096
-    a, b, c = (TensorSpec("fp16", (m, k)), TensorSpec("fp16", (k, n)), TensorSpec("fp16", (m, n)))
-    args = (a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    args += (c.stride(0), c.stride(1))
+    fp16_4096 = examples.PRECOMPILE_SPECS["matmul_kernel"][0]  # the package's 4096³ fp16 launch
     before = len(ex.timeline())
     with triton_cache_dir(cache):
-        report = warm({kernel: [launch(*args)]}, target="cuda:90", executor=ex)
+        report = warm({kernel: [fp16_4096]}, target="cuda:90", executor=ex)
     records = list(ex.timeline()[before:])
     jobs = [r.job for r in report.results if r.job is not None]
     return report.wall_time_s, report.count("ok"), records, gantt.installed_by_task(jobs, records)

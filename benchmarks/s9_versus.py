@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import Context, median
-from ._report import Section, Table, Target, fmt_us
+from ._report import Section, Table, Target, bars, fmt_us
 
 CHILD_TIMEOUT_S = 900.0
 _REPO = Path(__file__).resolve().parent.parent
@@ -169,39 +169,31 @@ def run(ctx: Context) -> Section:
             runs[name].append(_child(which, path, args, ctx))
 
     def med(name: str, key: str) -> float:
-        values = [r[key] for r in runs.get(name, []) if r[key] is not None]
-        return median(values)
+        return median(r[key] for r in runs.get(name, []) if r[key] is not None)
 
-    table = Table(
+    def vs(name: str, other: str, *keys: str) -> str:
+        return " / ".join(f"{med(name, k) / med(other, k):.2f}" for k in keys)
+
+    against = short or ctx.against
+    rows = [
+        {
+            "pool": name,
+            "map (µs/task)": fmt_us(med(name, "map_s")),
+            "round trip (µs)": fmt_us(med(name, "rt_s")),
+            "batch (s)": med(name, "batch_s"),
+            "map × stdlib": vs(name, stdlib, "map_s"),
+            "round trip × stdlib": vs(name, stdlib, "rt_s"),
+            f"× {against}: map / round trip / batch": vs(name, theirs, "map_s", "rt_s", "batch_s")
+            if short and name != stdlib
+            else "—",
+            "cubin bytes": runs_[0]["cubin"],
+        }
+        for name, runs_ in runs.items()
+    ]
+    title = (
         f"Warm pools of {w} workers: no-op map of {n_map} tasks, {n_rt} round trips, "
-        f"{len(cfgs)} sm_90 matmul configs (medians of {ctx.repeats} interleaved runs)",
-        [
-            "pool",
-            "map (µs/task)",
-            "round trip (µs)",
-            "batch (s)",
-            "map × stdlib",
-            "round trip × stdlib",
-            f"× {short or ctx.against}: map / round trip / batch",
-            "cubin bytes",
-        ],
+        f"{len(cfgs)} sm_90 matmul configs (medians of {ctx.repeats} interleaved runs)"
     )
-    for name, runs_ in runs.items():
-        vs_rev = (
-            " / ".join(f"{med(name, k) / med(theirs, k):.2f}" for k in ("map_s", "rt_s", "batch_s"))
-            if short
-            else "—"
-        )
-        table.add(
-            name,
-            fmt_us(med(name, "map_s")),
-            fmt_us(med(name, "rt_s")),
-            "—" if runs_[0]["batch_s"] is None else f"{med(name, 'batch_s'):.2f}",
-            f"{med(name, 'map_s') / med(stdlib, 'map_s'):.2f}",
-            f"{med(name, 'rt_s') / med(stdlib, 'rt_s'):.2f}",
-            vs_rev if name != stdlib else "—",
-            str(runs_[0]["cubin"] or "—"),
-        )
     where = {name: r[0]["where"] for name, r in runs.items() if name != stdlib}
     notes.append("Library imported from: " + "; ".join(f"{n}: `{p}`" for n, p in where.items()))
     targets = [
@@ -213,22 +205,22 @@ def run(ctx: Context) -> Section:
         targets.append(Target(f"compile batch, ours / {short}", batch, "<=", 1.0))
     section = Section(
         "s9",
-        f"9. Per-task overhead against {short or ctx.against} and the stdlib pool",
+        f"9. Per-task overhead against {against} and the stdlib pool",
         " ".join(__doc__.split("\n\n")[1].split()),
-        tables=[table],
-        targets=targets,
-        notes=notes,
+        [Table.of(title, rows)],
+        targets,
+        notes,
     )
-    section.plot = {
-        "title": f"9. Warm per-task overhead vs {short or ctx.against}, {w} workers (µs)",
-        "labels": list(runs),
-        "series": [
-            (f"map, µs per task ({n_map})", [med(n, "map_s") * 1e6 for n in runs], "tab:orange"),
-            ("round trip, µs", [med(n, "rt_s") * 1e6 for n in runs], "tab:blue"),
-        ],
-        "xlabel": "µs",
-        "fmt": "{:,.0f}",
-    }
+    section.plot = bars(
+        f"9. Warm per-task overhead vs {against}, {w} workers (µs)",
+        list(runs),
+        {
+            f"map, µs per task ({n_map})": ([med(n, "map_s") * 1e6 for n in runs], "tab:orange"),
+            "round trip, µs": ([med(n, "rt_s") * 1e6 for n in runs], "tab:blue"),
+        },
+        "µs",
+        fmt="{:,.0f}",
+    )
     return section
 
 

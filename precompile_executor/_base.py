@@ -17,8 +17,10 @@ A backend is two small pieces:
   implements :meth:`BaseExecutor._send`: send one task (a call, or a chunk of calls) and return
   its future. Optional: :meth:`BaseExecutor._prepare_map` (work done once per ``map``),
   :meth:`BaseExecutor._check_path`, :meth:`BaseExecutor._check_memory_limit` (a backend that
-  enforces limits), and ``CHUNKS = False`` for a backend that sends each call
-  of a ``map`` as its own task whatever ``chunksize`` says.
+  enforces limits), :meth:`BaseExecutor._check_resources` (a backend that routes by resources),
+  and ``CHUNKS = False`` for a backend that sends each call of a ``map`` as its own task
+  whatever ``chunksize`` says. The cluster backends share one such subclass,
+  :class:`._cluster_executor.ClusterExecutor`.
 
 A subclass keeps no attribute of its own: what it needs is in its backend (shared with its views)
 or in the view's :class:`TaskOptions`, so a view is built by :meth:`BaseExecutor.__init__` alone.
@@ -38,7 +40,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as futures_wait
@@ -80,6 +82,8 @@ class TaskOptions:
         cost: a hint, the seconds a call is expected to take, or ``None``.
         memory_limit: bytes the task's process group may hold, or ``None`` (a backend that
             enforces it takes it in its own ``options()``; docs/design.md, "Memory limits").
+        resources: amounts a node must have to take the task, sorted (hashable); ``()`` for
+            any node (a backend that routes by resources takes them: the Ray backend).
     """
 
     timeout: float | None = None
@@ -88,6 +92,7 @@ class TaskOptions:
     with_output: bool = False
     cost: float | None = None
     memory_limit: int | None = None
+    resources: tuple[tuple[str, float], ...] = ()
 
 
 class Backend(Protocol):
@@ -259,6 +264,15 @@ class BaseExecutor(Executor, Generic[B]):
             "pass None or leave it out"
         )
 
+    def _check_resources(self, value: object) -> tuple[tuple[str, float], ...]:
+        """Validate ``options(resources=...)``; a backend that routes by resources overrides it."""
+        if value is None:
+            return ()
+        raise TypeError(
+            f"{type(self).__name__} does not route tasks by resources (RayPrecompileExecutor "
+            "does); pass None or leave it out"
+        )
+
     def options(
         self,
         *,
@@ -268,6 +282,7 @@ class BaseExecutor(Executor, Generic[B]):
         with_output: bool | object = ...,
         cost: float | None | object = ...,
         memory_limit: int | None | object = ...,
+        resources: Mapping[str, float] | None | object = ...,
     ) -> Self:
         """Return a view of this executor with other per-task settings; it shares the pool.
 
@@ -285,6 +300,9 @@ class BaseExecutor(Executor, Generic[B]):
                 it as the prior until it has observed the same call. ``None``: no hint.
             memory_limit: bytes the task's process group may hold (``None``: no limit), where
                 the backend enforces it (``PrecompileExecutor``: see its constructor).
+            resources: the task goes only to nodes whose resources cover these amounts
+                (``{"GPU": 1}``: a GPU node; a filter, nothing is reserved), where the backend
+                routes by resources (``RayPrecompileExecutor``); ``None``: any node.
         """
         changes: dict[str, Any] = {}
         if timeout is not ...:
@@ -299,6 +317,8 @@ class BaseExecutor(Executor, Generic[B]):
             changes["cost"] = check_cost(cost)
         if memory_limit is not ...:
             changes["memory_limit"] = self._check_memory_limit(memory_limit)
+        if resources is not ...:
+            changes["resources"] = self._check_resources(resources)
         view = object.__new__(type(self))
         BaseExecutor.__init__(
             view, self._backend, dataclasses.replace(self._options, **changes), self._base()

@@ -1,13 +1,15 @@
 """The caller side every cluster backend shares (``dask/``, ``ray/``): a task's record, the
-statistics snapshot, and :class:`ClusterState` — the priority queue, ``in_flight``, the one
-place a task is resolved and the executor's requests (the public layer's ``Backend``, see
-:mod:`._base`). A backend's ``State`` subclasses it and supplies its dispatcher thread (placing
-nodes, sending calls, reading answers) and ``kill_on_node``; ``dask/_dispatch.py`` and
+statistics snapshot, and :class:`ClusterState` — the priority queue, ``in_flight``, the
+dispatcher thread's loop and its placement of tasks on nodes, the one place a task is resolved
+and the executor's requests (the public layer's ``Backend``, see :mod:`._base`). A backend's
+``State`` subclasses it and supplies the dispatcher's talk to its cluster (learning the nodes,
+sending calls, reading answers) and ``kill_on_node``; ``dask/_dispatch.py`` and
 ``ray/_dispatch.py`` describe their data flow.
 
-Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes, the kills and
-the counters. A task in flight is resolved by whoever pops it from ``in_flight`` (:meth:`take`);
-a cancelled future's task is popped by :meth:`on_future_done` and killed by the dispatcher.
+Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes, the kills, the
+dispatcher's inbox and the counters. A task in flight is resolved by whoever pops it from
+``in_flight`` (:meth:`take`); a cancelled future's task is popped by :meth:`on_future_done` and
+stopped by the dispatcher (:meth:`withdraw`).
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import heapq
 import itertools
 import pickle
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, InvalidStateError
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import cloudpickle
 
 from ._base import Call, TaskOptions, failed_future, serialization_error
+from ._cluster_plan import free_slots, pick_node
 from ._errors import (
     AFTER_SHUTDOWN,
     RemoteError,
@@ -32,32 +37,36 @@ from ._errors import (
     WorkerStartError,
     unpickle_error,
 )
+from ._node_pool import NodeCall
 from ._records import TaskCounts, TaskResult, count_outcome
 from ._validate import describe_unpicklable
 
 
 class ClusterNodeLost(WorkerCrashedError):
     """The base of each cluster backend's ``NodeLostError``: the node that held the task was
-    lost; only the tasks it held fail (docs/design.md, "Errors"). A subclass says how in
-    :meth:`describe`.
+    lost; only the tasks it held fail (docs/design.md, "Errors"). A subclass says how the node
+    was lost (:attr:`LOST`) and where to look (:attr:`LOG`).
 
     Attributes:
         node: the node's name in its backend (a dask worker's address, a Ray node id).
     """
 
+    LOST: ClassVar[str]
+    """What happened to the node, ``{node}`` its name: ``"dask worker {node} left the cluster"``."""
+    LOG: ClassVar[str]
+    """The node's log that tells why, and the usual causes: ``"log (an OOM kill, …)"``."""
+
     def __init__(self, node: str, detail: str = "") -> None:
-        msg = self.describe(node)
+        msg = (
+            f"{self.LOST.format(node=node)} while it held the task; the task is not re-run (it "
+            "may be the cause). The other tasks go on on the remaining nodes; check that node's "
+            f"{self.LOG}"
+        )
         super().__init__(0, None, detail=detail)
         self._message = f"{msg}; {detail}" if detail else msg
         self.args = (self._message,)
         self.node = node
-
-    @staticmethod
-    def describe(node: str) -> str:
-        raise NotImplementedError
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.node, self._detail))
+        self._init_args = (node, detail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,11 @@ class ClusterTask:
     opts: TaskOptions
     state: Literal["queued", "dispatched", "running"] = "queued"
     node: str = ""
+
+    def node_call(self) -> NodeCall:
+        """The call as its node runs it: the pickled call and its per-task settings."""
+        opts = self.opts
+        return NodeCall(self.key, self.blob, opts.timeout, opts.with_output, opts.memory_limit)
 
     def sort_key(self) -> tuple[float, float, int]:
         """Higher priority first, then the longest cost hint, then the oldest."""
@@ -123,6 +137,7 @@ class ClusterState(Generic[T, N, S]):
         self.in_flight: dict[str, T] = {}
         self.nodes: dict[str, N] = {}
         self.kills: list[T] = []
+        self.inbox: list[Callable[[], None]] = []  # posted for the dispatcher thread
         self.held = 0
         self.closing = False
         self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
@@ -143,11 +158,116 @@ class ClusterState(Generic[T, N, S]):
             and not any(not t.future.cancelled() for _, t in self.queue)
         )
 
+    def post(self, call: Callable[[], None]) -> None:
+        """Have the dispatcher thread run ``call`` (an answer from a node; any thread)."""
+        with self.lock:
+            self.inbox.append(call)
+            self.poke()
+
+    # -- the dispatcher thread -------------------------------------------------------------------
+
+    def run(self) -> None:
+        """The dispatcher thread: stop the cancelled tasks, run what was posted, learn which
+        nodes exist (every :attr:`node_poll_s`), send what fits; once shut down and drained,
+        close the nodes' pools."""
+        next_refresh = 0.0
+        while True:
+            with self.wake:
+                if not self.poked:
+                    self.wake.wait(max(0.0, next_refresh - time.monotonic()))
+                self.poked = False
+                kills, self.kills = self.kills, []
+                inbox, self.inbox = self.inbox, []
+            for task in kills:
+                self.withdraw(task)
+            for call in inbox:
+                call()
+            if time.monotonic() >= next_refresh:
+                self.refresh()
+                next_refresh = time.monotonic() + self.node_poll_s
+            with self.lock:
+                sends = self.plan()
+                later = self.after_plan()
+                done = self.drained()
+            for task in sends:
+                self.send(task)
+            for call in later:
+                call()
+            if done and not sends:
+                break
+        self.close()
+
+    def plan(self) -> list[T]:
+        """Move queued tasks to nodes with free slots, best priority first (lock held).
+
+        A task that no node with a free slot may take (:meth:`eligible`) stays queued, in its
+        place; the tasks behind it may go to other nodes.
+        """
+        if self.held or not self.nodes:
+            return []
+        free = free_slots(
+            {a: n.window for a, n in self.nodes.items()},
+            {a: len(n.keys) for a, n in self.nodes.items()},
+        )
+        sends: list[T] = []
+        kept: list[tuple[tuple[float, float, int], T]] = []
+        while self.queue and any(free.values()):
+            entry = heapq.heappop(self.queue)
+            task = entry[1]
+            if task.future.cancelled():
+                continue
+            address = pick_node(free, self.eligible(task))
+            if address is None:
+                kept.append(entry)
+                continue
+            node = self.nodes[address]
+            task.state, task.node = "dispatched", address
+            self.bind(task, node)
+            node.keys.add(task.key)
+            self.in_flight[task.key] = task
+            free[address] -= 1
+            sends.append(task)
+        for entry in kept:
+            heapq.heappush(self.queue, entry)
+        return sends
+
+    # -- the backend's part of the dispatcher ----------------------------------------------------
+
+    node_poll_s: float
+    """How often the dispatcher asks the cluster which nodes exist (the backend's constant)."""
+
+    def refresh(self) -> None:
+        raise NotImplementedError  # learn which nodes exist; fail the tasks of lost ones
+
+    def eligible(self, task: T) -> list[str] | None:
+        """The nodes that may take ``task`` (lock held); ``None``: any node."""
+        return None
+
+    def bind(self, task: T, node: N) -> None:
+        """``task`` goes to ``node``: keep what sending it there needs (lock held)."""
+
+    def send(self, task: T) -> None:
+        raise NotImplementedError  # send a dispatched task to its node (no lock held)
+
+    def after_plan(self) -> list[Callable[[], None]]:
+        """Calls for the dispatcher to make once the tasks are sent (lock held)."""
+        return []
+
+    def withdraw(self, task: T) -> None:
+        """Stop ``task``, whose future was cancelled, on its node (no lock held)."""
+        self.kill_on_node(task)
+
+    def close(self) -> None:
+        raise NotImplementedError  # the executor is done: close its pools on the nodes
+
     def kill_on_node(self, task: T) -> None:
         raise NotImplementedError  # the backend's: kill a running task where it runs
 
     def node_lost(self, node: str, detail: str) -> BaseException:
         raise NotImplementedError  # the backend's NodeLostError
+
+    def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
+        raise NotImplementedError  # start every node's pool workers; their pids per node
 
     # -- other threads ---------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class RemoteError(Exception):
     classification: Classification = "raise"
     worker_pid: int = 0
     _message: str | None = None
+    _init_args: tuple[Any, ...] | None = None  # an error made here: pickled by these (_made_here)
 
     def __str__(self) -> str:
         if self._message is not None:
@@ -102,7 +103,19 @@ class RemoteError(Exception):
         return super().__str__()
 
     def __reduce__(self) -> Any:
+        if self._init_args is not None:
+            return (type(self), self._init_args)
         return (_rebuild_proxy, (self._record(),))
+
+    def _made_here(self, init_args: tuple[Any, ...], worker_pid: int, captured_output: str) -> None:
+        """Fill in an error the executor raises itself for a task (a timeout, a crash, a memory
+        kill) rather than rebuilds from a worker's record: the fields a record would carry, and
+        the constructor arguments it pickles by (a node pool's error crosses to the caller)."""
+        self._init_args = init_args
+        self.worker_pid = worker_pid
+        self.captured_output = captured_output
+        self.exc_type = type(self).__name__
+        self.exc_module = type(self).__module__
 
     def _record(self) -> ErrorRecord:
         return ErrorRecord(
@@ -146,15 +159,8 @@ class TaskTimeoutError(RemoteError, TimeoutError):
         )
         self.timeout_s = timeout_s
         self.elapsed_s = elapsed_s
-        self.worker_pid = worker_pid
-        self.captured_output = captured_output
-        self.exc_type = type(self).__name__
-        self.exc_module = type(self).__module__
-
-    def __reduce__(self) -> Any:
-        return (
-            type(self),
-            (self.timeout_s, self.elapsed_s, self.worker_pid, self.captured_output),
+        self._made_here(
+            (timeout_s, elapsed_s, worker_pid, captured_output), worker_pid, captured_output
         )
 
 
@@ -188,15 +194,8 @@ class TaskMemoryError(RemoteError, MemoryError):
         )
         self.limit_bytes = limit_bytes
         self.peak_bytes = peak_bytes
-        self.worker_pid = worker_pid
-        self.captured_output = captured_output
-        self.exc_type = type(self).__name__
-        self.exc_module = type(self).__module__
-
-    def __reduce__(self) -> Any:
-        return (
-            type(self),
-            (self.limit_bytes, self.peak_bytes, self.worker_pid, self.captured_output),
+        self._made_here(
+            (limit_bytes, peak_bytes, worker_pid, captured_output), worker_pid, captured_output
         )
 
 
@@ -226,17 +225,10 @@ class WorkerCrashedError(RemoteError):
         if detail:
             msg = f"{msg}; {detail}"
         super().__init__(msg)
-        self.worker_pid = worker_pid
-        self.captured_output = captured_output
-        self.exc_type = type(self).__name__
-        self.exc_module = type(self).__module__
-        self._detail = detail
-
-    def __reduce__(self) -> Any:
-        return (
-            type(self),
-            (self.worker_pid, self.exitcode, self.captured_output, self._detail),
+        self._made_here(
+            (worker_pid, exitcode, captured_output, detail), worker_pid, captured_output
         )
+        self._detail = detail
 
 
 class SerializationError(TypeError):

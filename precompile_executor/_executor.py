@@ -41,6 +41,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -107,6 +108,31 @@ def _check_devices(devices: object) -> tuple[str, ...] | None:
     if len(set(out)) != len(out):
         raise ValueError(f"devices lists a GPU twice: {list(devices)!r}")
     return tuple(out)
+
+
+_warmed_callers: set[bytes] = set()
+_warmed_lock = threading.Lock()
+
+
+def _warm_caller(initializer: Any, initargs: tuple[Any, ...], key: bytes) -> None:
+    """Run the caller's half of an initializer, ``initializer.in_caller(*initargs)``, once per
+    process and per (initializer, initargs), on a daemon thread while the workers start
+    (docs/design.md, "The caller's half of an initializer")."""
+    in_caller = getattr(initializer, "in_caller", None)
+    if not callable(in_caller):
+        return
+    with _warmed_lock:
+        if key in _warmed_callers:
+            return
+        _warmed_callers.add(key)
+
+    def run() -> None:
+        try:
+            in_caller(*initargs)
+        except Exception:  # noqa: BLE001 - a warm-up only: the real work pays it if it failed
+            log.debug("%r.in_caller%r failed", initializer, initargs, exc_info=True)
+
+    threading.Thread(target=run, name="precompile-executor-warm-caller", daemon=True).start()
 
 
 def _default_workers() -> int:
@@ -230,6 +256,8 @@ class PrecompileExecutor(BaseExecutor[Core]):
             max_tasks_per_child=check_max_tasks_per_child(max_tasks_per_child),
         )
         super().__init__(Core(get_hub(), settings), options)
+        if init_blob is not None:
+            _warm_caller(initializer, initargs, init_blob)
 
     @property
     def max_workers(self) -> int:

@@ -42,41 +42,6 @@ def _forbid_cuda() -> None:
     cuda.init = refuse
 
 
-def _child(
-    conn: socket.socket,
-    task_id: int,
-    calls: Sequence[Call],
-    want_output: bool,
-    capture: str,
-    guardian_fd: int,
-    close_fds: Sequence[int],
-) -> NoReturn:
-    status = 0
-    try:
-        # First of all, tell the guardian about this process: even if the parent dies before
-        # it gets the pid from fork(), the guardian learns of the child and kills it.
-        os.write(guardian_fd, f"+{os.getpid()}\n".encode())
-        become_group_leader()
-        for fd in (guardian_fd, *close_fds):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        _forbid_cuda()
-        cap = OutputCapture(capture)
-        cap.reset()
-        outcomes, plain = run_calls(calls, os.getpid())
-        output = cap.read()
-        failed = any(not ok for ok, _ in outcomes)
-        if failed:
-            outcomes = with_output(outcomes, output)
-        Connection(conn.detach()).send_bytes(
-            encode(Done(task_id, outcomes, output if want_output or failed else None, plain=plain))
-        )
-    except BaseException:  # noqa: BLE001 - the parent sees a crash with the captured output
-        status = 70
-    finally:
-        os._exit(status)
-
-
 def fork_task(
     task_id: int,
     calls: Sequence[Call],
@@ -110,8 +75,30 @@ def fork_task(
         # runs the task and leaves with os._exit, never touching the parent's threads' locks.
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
-    if pid == 0:
-        parent_end.close()
-        _child(child_end, task_id, calls, want_output, capture, guardian_fd, close_fds)
+    if pid == 0:  # the child: runs the calls, sends one Done, never returns
+        status = 0
+        try:
+            # First of all, tell the guardian about this process: even if the parent dies before
+            # it gets the pid from fork(), the guardian learns of the child and kills it.
+            os.write(guardian_fd, f"+{os.getpid()}\n".encode())
+            parent_end.close()
+            become_group_leader()
+            for fd in (guardian_fd, *close_fds):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _forbid_cuda()
+            cap = OutputCapture(capture)
+            cap.reset()
+            outcomes, plain = run_calls(calls, os.getpid())
+            output = cap.read()
+            failed = any(not ok for ok, _ in outcomes)
+            if failed:
+                outcomes = with_output(outcomes, output)
+            done = Done(task_id, outcomes, output if want_output or failed else None, plain=plain)
+            Connection(child_end.detach()).send_bytes(encode(done))
+        except BaseException:  # noqa: BLE001 - the parent sees a crash with the captured output
+            status = 70
+        finally:
+            os._exit(status)
     child_end.close()
     return pid, Connection(parent_end.detach())

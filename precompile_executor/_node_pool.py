@@ -18,6 +18,7 @@ names :func:`call_blob` without Triton or the user's modules.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import threading
@@ -40,6 +41,26 @@ triton takes seconds; more means something is wrong, and tasks then report it th
 _MAX_EARLY_KILLS = 10_000
 """Kills for keys not (yet) on this node are remembered, so a task that arrives after its kill is
 refused; bounded because a kill for a task that never arrives would otherwise stay forever."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCall:
+    """One pre-pickled call as the caller sends it to a node (plain data: it crosses the
+    cluster's own serialization unopened).
+
+    Attributes:
+        key: the task's name, the same on both sides (kills and starts name it).
+        blob: the cloudpickled ``(fn, args, kwargs)``, opened only in a pool worker.
+        timeout: seconds from the task's start on the node, or ``None``.
+        with_output: the result comes back as a ``TaskResult`` with the captured output.
+        memory_limit: bytes the task's process group may hold on the node, or ``None``.
+    """
+
+    key: str
+    blob: bytes
+    timeout: float | None
+    with_output: bool
+    memory_limit: int | None = None
 
 
 def refused(reason: str, message: str) -> Outcome:
@@ -130,14 +151,7 @@ class NodePool:
         pids: list[int] = self.executor.warm_up(timeout=timeout)
         return pids
 
-    def submit(
-        self,
-        key: str,
-        blob: bytes,
-        timeout: float | None,
-        with_output: bool,
-        memory_limit: int | None = None,
-    ) -> Future[Any] | Outcome:
+    def submit(self, call: NodeCall) -> Future[Any] | Outcome:
         """Hand one pre-pickled call to the pool: its node-local future, or a refusal.
 
         ``memory_limit`` is enforced by the node-local pool as on one machine (the task's
@@ -145,14 +159,14 @@ class NodePool:
         if self.executor is None:
             return refused("unavailable", self.error or "the node pool is not available")
         with self.lock:
-            if key in self.early_kills:
-                self.early_kills.discard(key)
+            if call.key in self.early_kills:
+                self.early_kills.discard(call.key)
                 return refused("cancelled", "cancelled before it reached the node")
             view = self.executor.options(
-                timeout=timeout, with_output=with_output, memory_limit=memory_limit
+                timeout=call.timeout, with_output=call.with_output, memory_limit=call.memory_limit
             )
-            local: Future[Any] = view.submit(call_blob, blob)
-            self.tasks[key] = local
+            local: Future[Any] = view.submit(call_blob, call.blob)
+            self.tasks[call.key] = local
         return local
 
     def release(self, key: str) -> None:

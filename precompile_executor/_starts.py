@@ -40,7 +40,7 @@ from ._templates import (
     Templates,
     Watch,
 )
-from ._worker import read_capture_file, serve
+from ._worker import Startup, read_capture_file, serve
 
 log = logging.getLogger("precompile_executor")
 
@@ -213,7 +213,11 @@ class Starts:
                 env["CUDA_VISIBLE_DEVICES"] = env["PRECOMPILE_EXECUTOR_DEVICE"] = worker.device
             process = _LOKY.Process(
                 target=target,
-                args=(hub.address, worker.token, worker.capture_path, init_blob, worker.max_tasks),
+                args=(
+                    Startup(
+                        hub.address, worker.token, worker.capture_path, init_blob, worker.max_tasks
+                    ),
+                ),
                 name=f"precompile-{worker.kind}-{worker.id}",
                 env=env,
             )

@@ -24,7 +24,13 @@ import sys
 from multiprocessing.connection import Connection, wait
 
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
-from ._worker import become_group_leader, connect_and_initialize, drop_inherited_trackers, serve
+from ._worker import (
+    Startup,
+    become_group_leader,
+    connect_and_initialize,
+    drop_inherited_trackers,
+    serve,
+)
 
 DRIVER_THREAD = re.compile(r"cuda[0-9a-f]+")
 """The kernel name of the thread the CUDA driver leaves when something only asks it (or NVML)
@@ -136,21 +142,12 @@ def _gpu_libraries() -> str:
     return f"; loaded: {', '.join(loaded)}" if loaded else ""
 
 
-def serve_template(
-    address: str,
-    token: str,
-    capture_path: str,
-    init_blob: bytes | None,
-    max_tasks: int | None = None,
-) -> None:
-    """The template's life: initialize once, then fork workers until told to stop.
-
-    Same arguments as :func:`._worker.serve` (``max_tasks`` is each forked worker's, sent
-    with every fork request; a template runs no task)."""
-    del max_tasks
+def serve_template(start: Startup) -> None:
+    """The template's life: initialize once, then fork workers until told to stop (each forked
+    worker's ``max_tasks`` comes with its fork request, not from ``start``)."""
     drop_inherited_trackers()  # before anything: every worker forked later inherits the result
     become_group_leader()
-    conn, capture, ok = connect_and_initialize(address, token, capture_path, init_blob)
+    conn, capture, ok = connect_and_initialize(start)
     if not ok:
         conn.close()
         return
@@ -180,7 +177,7 @@ def serve_template(
                 continue
             pid = os.fork()
             if pid == 0:
-                _become_worker(message, address, conn, (wake_r, wake_w, capture.fd))
+                _become_worker(message, start.address, conn, (wake_r, wake_w, capture.fd))
             conn.send_bytes(encode(Forked(message.token, pid)))
     except (EOFError, OSError):
         pass
@@ -216,7 +213,7 @@ def _become_worker(
         if request.device is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = request.device
             os.environ["PRECOMPILE_EXECUTOR_DEVICE"] = request.device
-        serve(address, request.token, request.capture_path, None, request.max_tasks)
+        serve(Startup(address, request.token, request.capture_path, None, request.max_tasks))
     except BaseException:  # noqa: BLE001 - leave with a code the parent can see
         code = 1
     finally:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import cloudpickle
@@ -138,3 +139,19 @@ def check_memory_limit(value: object) -> int | None:
             f"got {value!r}"
         )
     return int(value)
+
+
+def check_resources(value: object, name: str = "resources") -> tuple[tuple[str, float], ...]:
+    """``{"GPU": 1}``-style amounts a node must have, as a sorted tuple (hashable)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of resource name -> amount, got {value!r}")
+    items: list[tuple[str, float]] = []
+    for key, amount in value.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{name} names must be strings, got {key!r}")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ValueError(f"{name}[{key!r}] must be a number >= 0, got {amount!r}")
+        items.append((key, float(amount)))
+    return tuple(sorted(items))

@@ -12,6 +12,7 @@ the parent chose, so the parent can read it even after the worker was killed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -276,32 +277,39 @@ def become_group_leader() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def serve(
-    address: str,
-    token: str,
-    capture_path: str,
-    init_blob: bytes | None,
-    max_tasks: int | None = None,
-) -> None:
+@dataclasses.dataclass(frozen=True)
+class Startup:
+    """What the parent gives a process it starts: a spawn worker (:func:`serve`) or a warm
+    template (:func:`._template.serve_template`).
+
+    Attributes:
+        address: the parent's Unix socket.
+        token: identifies this process to the parent.
+        capture_path: where its fd 1 and fd 2 go.
+        init_blob: cloudpickled ``(initializer, initargs)``, or ``None`` (a worker forked from a
+            template: the template ran it already).
+        max_tasks: a worker leaves after this many tasks (``max_tasks_per_child``); ``None``:
+            never. A template runs no task (its forked workers get theirs with each request).
+    """
+
+    address: str
+    token: str
+    capture_path: str
+    init_blob: bytes | None
+    max_tasks: int | None = None
+
+
+def serve(start: Startup) -> None:
     """A spawn worker's life: connect, run the initializer, then serve tasks until told to stop.
 
     Runs in a fresh interpreter started by loky, or in a child forked from a warm template
     (:mod:`._template`, ``init_blob`` ``None``: the template ran it already).
-
-    Args:
-        address: the parent's Unix socket.
-        token: identifies this worker to the parent.
-        capture_path: where this worker's fd 1 and fd 2 go.
-        init_blob: cloudpickled ``(initializer, initargs)``, or ``None``.
-        max_tasks: leave after this many tasks (``max_tasks_per_child``); ``None``: never.
     """
     drop_inherited_trackers()
     become_group_leader()
-    conn, capture, ok = connect_and_initialize(
-        address, token, capture_path, init_blob, open_cuda=True
-    )
+    conn, capture, ok = connect_and_initialize(start, open_cuda=True)
     if ok:
-        serve_tasks(conn, capture, max_tasks)
+        serve_tasks(conn, capture, start.max_tasks)
     conn.close()
 
 
@@ -349,12 +357,7 @@ def open_cuda_context() -> None:
 
 
 def connect_and_initialize(
-    address: str,
-    token: str,
-    capture_path: str,
-    init_blob: bytes | None,
-    *,
-    open_cuda: bool = False,
+    start: Startup, *, open_cuda: bool = False
 ) -> tuple[Connection, OutputCapture, bool]:
     """Connect to the parent, capture fd 1/2, run the initializer and say hello.
 
@@ -362,20 +365,20 @@ def connect_and_initialize(
     outliving it. Returns the socket, the capture, and whether the initializer succeeded.
     With ``open_cuda`` (workers, never a template), :func:`open_cuda_context` runs before hello.
     """
-    conn: Connection = Client(address, family="AF_UNIX")
-    capture = OutputCapture(capture_path)
+    conn: Connection = Client(start.address, family="AF_UNIX")
+    capture = OutputCapture(start.capture_path)
     pid = os.getpid()
     failure: ErrorRecord | None = None
-    if init_blob is not None:
+    if start.init_blob is not None:
         capture.reset()
         try:
-            initializer, initargs = cloudpickle.loads(init_blob)
+            initializer, initargs = cloudpickle.loads(start.init_blob)
             initializer(*initargs)
         except BaseException as exc:  # noqa: BLE001
             failure = record_from_exception(exc, traceback.format_exc(), capture.read(), pid)
     if failure is None and open_cuda:
         open_cuda_context()
-    conn.send_bytes(encode(Hello(token, pid, failure)))
+    conn.send_bytes(encode(Hello(start.token, pid, failure)))
     return conn, capture, failure is None
 
 

@@ -6,6 +6,7 @@ import os
 import pickle
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,22 @@ FAULTS: list[tuple[str, Callable[..., Any], Callable[[BaseException], None], boo
 ]
 
 
+def submit_fault(
+    executor: Any, task: Callable[..., Any], needs_timeout: bool, tmp_path: Path
+) -> tuple[Future[Any], Path]:
+    """Submit one fault of :data:`FAULTS` to ``executor`` (any backend) with what it needs: the
+    timeout that ends a hang, the memory limit it passes; return its future and the file a
+    grandchild writes its pid to (``_assert_gone`` it once the task failed)."""
+    bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
+    if task is crashers.allocate_gib:  # enforced by the (node's) pool
+        bad_executor = executor.options(memory_limit=crashers.MEMORY_LIMIT_BYTES)
+    args: tuple[Any, ...] = ()
+    pid_file = tmp_path / "grandchild.pid"
+    if task is crashers.hang_with_grandchild:
+        args = (str(pid_file),)
+    return bad_executor.submit(task, *args), pid_file
+
+
 @pytest.mark.parametrize("path", ["spawn", "fork"])
 @pytest.mark.parametrize(
     ("name", "task", "check", "needs_timeout"), FAULTS, ids=[f[0] for f in FAULTS]
@@ -133,14 +150,7 @@ def test_fault_fails_alone(
 ) -> None:
     with PrecompileExecutor(2, path=path) as executor:  # type: ignore[arg-type]
         before = [executor.submit(crashers.square, i, 0.3) for i in range(3)]
-        bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
-        if task is crashers.allocate_gib:
-            bad_executor = executor.options(memory_limit=crashers.MEMORY_LIMIT_BYTES)
-        args: tuple[Any, ...] = ()
-        pid_file = tmp_path / "grandchild.pid"
-        if task is crashers.hang_with_grandchild:
-            args = (str(pid_file),)
-        bad = bad_executor.submit(task, *args)
+        bad, pid_file = submit_fault(executor, task, needs_timeout, tmp_path)
         after = [executor.submit(crashers.square, i, 0.1) for i in range(3, 8)]
 
         error = bad.exception(timeout=60)
@@ -252,6 +262,25 @@ def test_remote_error_survives_pickling_and_shows_traceback() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, crashers.NeedsTwoArgs)
     assert str(again) == str(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TaskTimeoutError(2.0, 2.5, 11, "so far"),
+        WorkerCrashedError(12, -11, "dump", "what the parent knew"),
+        TaskMemoryError(1 << 20, 3 << 20, 13, "allocating"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_an_error_the_executor_makes_pickles_back_whole(error: RemoteError) -> None:
+    # A node pool's timeout, crash or memory kill crosses to the caller pickled (the cluster
+    # backends): it must come back the same class, message and fields, not as a proxy.
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error)
+    fields = ("worker_pid", "captured_output", "exc_type", "exc_module")
+    assert [getattr(again, f) for f in fields] == [getattr(error, f) for f in fields]
+    assert vars(again) == vars(error)
 
 
 @pytest.mark.parametrize("path", ["spawn", "fork"])

@@ -1022,7 +1022,7 @@ def test_gpu_autotune_with_ours(mode: str, setup: str) -> None:
         print("STREAMED", providers)
         print("BEST", best)
     """,
-        env={{"HELION_AUTOTUNE_PRECOMPILE": mode}},
+        env={"HELION_AUTOTUNE_PRECOMPILE": mode},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "BEST" in proc.stdout

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -143,6 +145,19 @@ def test_imports_go_down_the_module_table_of_the_design_doc() -> None:
     graph = _graph()
     index = layer_index(graph, declared_layers(DESIGN.read_text()))
     assert upward_imports(graph, index) == []
+
+
+@pytest.mark.parametrize(
+    ("package", "needs"),
+    [("precompile_executor.dask", "distributed"), ("precompile_executor.ray", "ray")],
+)
+def test_a_cluster_backend_imports_neither_torch_nor_triton(package: str, needs: str) -> None:
+    # What each package's docstring promises: a dask scheduler or a Ray node that imports the
+    # backend loads no GPU stack (seconds and memory in processes that never compile).
+    pytest.importorskip(needs)
+    code = f"import sys, {package}; print('torch' in sys.modules, 'triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
 
 
 def test_the_checks_catch_a_cycle_an_upward_import_and_a_missing_row() -> None:

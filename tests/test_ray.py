@@ -8,21 +8,20 @@ with only loopback. The contract tests in ``test_contract.py`` run against this 
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cluster_helpers as cases
 import crashers
 import loopback
 import psutil
 import pytest
+from cluster_helpers import WAIT_S, wait_until
 from conftest import RAY_NODE_CPUS, RAY_NODE_GPUS, assert_on_loopback_only, ray_node_resource
-from test_faults import FAULTS, HANG_TIMEOUT_S, _assert_gone
+from test_faults import FAULTS, _assert_gone
 
 pytest.importorskip("ray")
 
@@ -36,25 +35,16 @@ from precompile_executor.ray import (  # noqa: E402
     node_actors,
 )
 
-WAIT_S = 60.0
-"""Longest any single wait in these tests may take."""
-
 
 def _actor_pids() -> dict[str, int]:
+    """The node actors' pids, node → pid: the processes the node pools live in."""
     return {
         n: ray.get(h.describe.remote(), timeout=WAIT_S)["pid"] for n, h in node_actors().items()
     }
 
 
-def _runs(log: Path) -> list[int]:
-    return sorted(int(line) for line in log.read_text().split()) if log.exists() else []
-
-
-def _wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert condition()
+def _on_node(i: int) -> cases.Make:
+    return functools.partial(RayPrecompileExecutor, resources={ray_node_resource(i): 1})
 
 
 @pytest.mark.timeout(240)  # the first test: the cluster starts inside its time
@@ -119,42 +109,9 @@ RAY_FAULTS = [
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    ("name", "task", "check", "needs_timeout"), RAY_FAULTS, ids=[f[0] for f in RAY_FAULTS]
-)
-def test_fault_fails_alone_on_a_node(
-    ray_cluster: Any,
-    name: str,
-    task: Callable[..., Any],
-    check: Callable[[BaseException], None],
-    needs_timeout: bool,
-    tmp_path: Path,
-) -> None:
-    log = tmp_path / "runs.log"
-    with RayPrecompileExecutor(max_workers_per_node=2) as executor:
-        actor_pids = _actor_pids()
-        assert len(actor_pids) == 2
-        before = [executor.submit(crashers.square_and_log, i, str(log), 0.3) for i in range(3)]
-        bad_executor = executor.options(timeout=HANG_TIMEOUT_S) if needs_timeout else executor
-        if task is crashers.allocate_gib:  # enforced by the node's pool, as on one machine
-            bad_executor = executor.options(memory_limit=crashers.MEMORY_LIMIT_BYTES)
-        args: tuple[Any, ...] = ()
-        pid_file = tmp_path / "grandchild.pid"
-        if task is crashers.hang_with_grandchild:
-            args = (str(pid_file),)
-        bad = bad_executor.submit(task, *args)
-        after = [executor.submit(crashers.square_and_log, i, str(log), 0.1) for i in range(3, 8)]
-
-        error = bad.exception(timeout=WAIT_S)
-        assert error is not None, f"{name} should have failed"
-        check(error)  # the same proxy as on one machine
-        assert [f.result(timeout=WAIT_S) for f in before + after] == [i * i for i in range(8)]
-        stats = executor.statistics()
-        assert (stats.failed, stats.completed, stats.nodes_lost) == (1, 8, 0)
-    assert _runs(log) == list(range(8))  # every innocent task ran, and ran once
-    assert _actor_pids() == actor_pids  # no node actor died or was replaced
-    if task is crashers.hang_with_grandchild:
-        _assert_gone(int(pid_file.read_text()))
+@pytest.mark.parametrize("fault", RAY_FAULTS, ids=[f[0] for f in RAY_FAULTS])
+def test_fault_fails_alone_on_a_node(ray_cluster: Any, fault: Any, tmp_path: Path) -> None:
+    cases.fault_fails_alone(RayPrecompileExecutor, _actor_pids, fault, tmp_path)
 
 
 # -- the honest queue across the cluster -------------------------------------------------------------
@@ -164,83 +121,24 @@ def test_fault_fails_alone_on_a_node(
 def test_cancel_after_dispatch_stops_the_task_on_its_node_and_frees_the_slot(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    log = tmp_path / "runs.log"
-
-    def slow_start() -> None:
-        time.sleep(3.0)  # the node's pool is still starting: a dispatched task waits there
-
-    with RayPrecompileExecutor(
-        initializer=slow_start, max_workers_per_node=1, resources={ray_node_resource(0): 1}
-    ) as executor:
-        doomed = executor.submit(crashers.square_and_log, 1, str(log))
-        _wait_until(lambda: executor.statistics().dispatched == 1)
-        assert not doomed.running()  # on its node, not started: PENDING, so cancel() works
-        assert doomed.cancel()
-        survivor = executor.submit(crashers.square_and_log, 2, str(log))
-        assert survivor.result(timeout=WAIT_S) == 4  # the slot was freed
-        stats = executor.statistics()
-        assert (stats.cancelled, stats.completed, stats.failed) == (1, 1, 0)
-    assert _runs(log) == [2]  # the cancelled task never ran
+    cases.cancel_after_dispatch_frees_the_slot(_on_node(0), tmp_path)
 
 
 @pytest.mark.timeout(60)
 def test_cancel_of_a_queued_task_and_running_means_running_on_a_node(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    log = tmp_path / "runs.log"
-    with RayPrecompileExecutor(
-        max_workers_per_node=1, resources={ray_node_resource(1): 1}
-    ) as executor:
-        executor.warm_up(timeout=WAIT_S)
-        busy = executor.submit(crashers.square_and_log, 1, str(log), 1.0)
-        queued = executor.submit(crashers.square_and_log, 2, str(log))
-        pending = executor.submit(crashers.square_and_log, 3, str(log))
-        _wait_until(busy.running)
-        assert not queued.running() and not pending.running()
-        assert not busy.cancel()  # running: too late, as with the stdlib
-        stats = executor.statistics()
-        assert (stats.running, stats.queued) == (1, 2)
-        assert pending.cancel()  # still in the caller's queue
-        assert queued.result(timeout=WAIT_S) == 4
-        assert busy.result(timeout=WAIT_S) == 1
-        assert executor.statistics().cancelled == 1
-    assert _runs(log) == [1, 2]
+    cases.running_means_running_on_a_node(_on_node(1), tmp_path)
 
 
 @pytest.mark.timeout(60)
 def test_interrupt_kills_running_tasks_on_their_nodes(ray_cluster: Any, tmp_path: Path) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    with RayPrecompileExecutor() as executor:
-        actor_pids = _actor_pids()
-        hung = executor.submit(crashers.hang_with_grandchild, str(pid_file))
-        queued = [executor.options(priority=-1).submit(time.sleep, 30) for _ in range(8)]
-        _wait_until(lambda: hung.running() and pid_file.exists())
-        start = time.monotonic()
-        executor.interrupt()
-        error = hung.exception(timeout=WAIT_S)
-        assert isinstance(error, WorkerCrashedError)
-        assert "interrupted" in str(error)
-        assert time.monotonic() - start < 10
-        for f in queued:  # the 3 started ones are killed, the others cancelled
-            assert f.cancelled() or isinstance(f.exception(timeout=WAIT_S), WorkerCrashedError)
-    _assert_gone(int(pid_file.read_text()))
-    assert _actor_pids() == actor_pids
+    cases.interrupt_kills_running_tasks(RayPrecompileExecutor, _actor_pids, tmp_path)
 
 
 @pytest.mark.timeout(60)
 def test_wait_for_all_on_ctrl_c_kills_tasks_running_on_nodes(ray_cluster: Any) -> None:
-    # wait_for_all kills what still runs through kill_running_futures, which reaches every
-    # backend of the process (docs/design.md, "A backend"): here a task looping on a node.
-    from precompile_executor import kill_running_futures
-
-    with RayPrecompileExecutor(max_workers_per_node=1) as executor:
-        actor_pids = _actor_pids()
-        looping = executor.submit(crashers.python_loop)
-        _wait_until(looping.running)
-        kill_running_futures([looping])
-        assert isinstance(looping.exception(timeout=WAIT_S), WorkerCrashedError)
-        assert executor.submit(abs, -3).result(timeout=WAIT_S) == 3
-    assert _actor_pids() == actor_pids
+    cases.ctrl_c_in_wait_for_all_kills_tasks_on_nodes(RayPrecompileExecutor, _actor_pids)
 
 
 @pytest.mark.timeout(60)
@@ -293,17 +191,17 @@ def test_a_killed_node_actor_fails_its_tasks_and_is_replaced_on_its_node(
     with RayPrecompileExecutor(max_workers_per_node=2) as executor:
         executor.warm_up(timeout=WAIT_S)
         futures = [executor.submit(crashers.square_and_log, i, str(log), 1.0) for i in range(8)]
-        _wait_until(lambda: executor.statistics().running == 4)
+        wait_until(lambda: executor.statistics().running == 4)
         victim = node_actors()[node]
         ray.kill(victim, no_restart=True)
         errors = [f.exception(timeout=WAIT_S) for f in futures]
         lost = [i for i, e in enumerate(errors) if e is not None]
         assert len(lost) == 2 and all(isinstance(errors[i], NodeLostError) for i in lost)
         assert all(node in str(errors[i]) for i in lost)
-        runs = _runs(log)
+        runs = cases.runs(log)
         assert [i for i in range(8) if i not in lost and runs.count(i) != 1] == []
         assert all(runs.count(i) <= 1 for i in lost)  # never re-run
-        _wait_until(lambda: node in executor.nodes())  # a new actor, on the same node
+        wait_until(lambda: node in executor.nodes())  # a new actor, on the same node
         assert node_actors()[node] is not victim
         view = executor.options(resources={ray_node_resource(0): 1})
         assert view.submit(crashers.square, 6).result(timeout=WAIT_S) == 36
@@ -319,7 +217,7 @@ def test_ctrl_c_in_the_with_block_kills_what_runs_on_every_node(
     with pytest.raises(KeyboardInterrupt):
         with RayPrecompileExecutor(max_workers_per_node=1) as executor:
             hung = [executor.submit(crashers.hang_with_grandchild, str(p)) for p in pid_files]
-            _wait_until(
+            wait_until(
                 lambda: all(f.running() for f in hung) and all(p.exists() for p in pid_files)
             )
             raise KeyboardInterrupt
@@ -357,18 +255,7 @@ def test_gpu_run_once_tasks_run_on_the_gpu_nodes_pinned_workers(ray_cluster: Any
 
 @pytest.mark.timeout(60)
 def test_initializer_and_window_reach_every_node(ray_cluster: Any) -> None:
-    def init(value: str) -> None:
-        os.environ["PRECOMPILE_RAY_INIT"] = value
-
-    with RayPrecompileExecutor(
-        initializer=init, initargs=("yes",), max_workers_per_node=1
-    ) as executor:
-        assert sorted(executor.nodes().values()) == [1, 1]
-        pids = executor.warm_up(timeout=WAIT_S)
-        assert sorted(len(p) for p in pids.values()) == [1, 1]
-        got = executor.submit(lambda: os.environ.get("PRECOMPILE_RAY_INIT")).result(timeout=WAIT_S)
-        assert got == "yes"
-        assert executor.statistics().slots == 2
+    cases.initializer_and_window_reach_every_node(RayPrecompileExecutor)
     with RayPrecompileExecutor() as default:  # the window is the node's Ray CPUs
         assert sorted(default.nodes().values()) == [RAY_NODE_CPUS, RAY_NODE_CPUS]
     with RayPrecompileExecutor(resources={ray_node_resource(1): 1}) as one:
@@ -379,12 +266,7 @@ def test_initializer_and_window_reach_every_node(ray_cluster: Any) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"max_workers_per_node": 0}, ValueError, "max_workers_per_node must be >= 1"),
-        ({"max_workers_per_node": 1.5}, TypeError, "max_workers_per_node must be an int"),
-        ({"timeout": 0}, ValueError, "timeout must be > 0"),
-        ({"initializer": 3}, TypeError, "initializer must be callable"),
-        ({"initargs": [1]}, TypeError, "initargs must be a tuple"),
-        ({"classify": "warn"}, TypeError, "classify must be callable"),
+        *cases.BAD_SETTINGS,
         ({"devices_per_node": "0,1"}, TypeError, "devices_per_node must be a list"),
         ({"devices_per_node": [0, 0]}, ValueError, "lists a GPU twice"),
         ({"resources": ["GPU"]}, TypeError, "resources must be a dict"),
@@ -400,21 +282,9 @@ def test_bad_settings_fail_at_construction(kwargs: dict[str, Any], error: type, 
 @pytest.mark.timeout(60)
 def test_options_refuse_the_fork_path_and_bad_resources(ray_cluster: Any) -> None:
     with RayPrecompileExecutor() as executor:
-        with pytest.raises(ValueError, match="cannot fork"):
-            executor.options(path="fork")
+        cases.options_refuse_the_fork_path(executor)
         with pytest.raises(TypeError, match="resources must be a dict"):
             executor.options(resources="GPU")
-        assert executor.options(path="spawn").submit(abs, -2).result(timeout=WAIT_S) == 2
-
-
-@pytest.mark.timeout(60)
-def test_import_does_not_import_torch_or_triton() -> None:
-    code = (
-        "import sys, precompile_executor.ray; "
-        "print('torch' in sys.modules, 'triton' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["False", "False"], out.stderr
 
 
 # -- Triton: compiled on two nodes, used here ----------------------------------------------------------
@@ -425,68 +295,10 @@ def test_import_does_not_import_torch_or_triton() -> None:
 def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    triton = pytest.importorskip("triton")
-    from triton import knobs
-    from triton.compiler import ASTSource, CompiledKernel
-
-    from precompile_executor.examples import kernels as examples
-    from precompile_executor.triton import classify, parse_target, precompile
-
     _, node_caches, _ = ray_cluster
-    kernel = examples.add_gelu_kernel.fn
-    signature = {
-        "x_ptr": "*fp16",
-        "bias_ptr": "*fp16",
-        "out_ptr": "*fp16",
-        "n_elements": "i32",
-        "n_cols": "i32",
-        "BLOCK_SIZE": "constexpr",
-    }
-    blocks = [256, 512, 1024, 2048]
-    options = {"num_warps": 4, "num_stages": 3}
-    hits: list[tuple[str, bool]] = []
-
-    def listener(
-        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
-    ) -> None:
-        hits.append((metadata["hash"], cache_hit))
-
-    caller_cache = tmp_path / "caller-cache"
-    with knobs.cache.scope(), knobs.compilation.scope():
-        knobs.cache.dir = str(caller_cache)
-        knobs.compilation.listener = listener
-        with RayPrecompileExecutor(timeout=120, classify=classify, max_workers_per_node=1) as ex:
-            pool_pids = ex.warm_up(timeout=WAIT_S)
-            jobs = [
-                precompile(
-                    kernel,
-                    signature,
-                    {"BLOCK_SIZE": b},
-                    target="cuda:90",
-                    options=options,
-                    executor=ex,
-                )
-                for b in blocks
-            ]
-            compiled = [job.result(timeout=180) for job in jobs]
-        assert all(isinstance(k, CompiledKernel) for k in compiled)
-        by_node = {
-            node: {j.artifacts.worker_pid for j in jobs if j.artifacts} & set(pids)
-            for node, pids in pool_pids.items()
-        }
-        assert all(by_node.values()), f"both nodes should have compiled: {by_node}"
-        assert hits == []  # nothing compiled in this process
-        for b, kernel_b in zip(blocks, compiled, strict=True):
-            assert all(
-                Path(p).is_relative_to(caller_cache) for p in kernel_b.metadata_group.values()
-            )
-            again = triton.compile(
-                ASTSource(kernel, signature, {"BLOCK_SIZE": b}),
-                target=parse_target("cuda:90"),
-                options=options,
-            )
-            assert again.asm["cubin"] == kernel_b.asm["cubin"]
-    assert hits == [(k.hash, True) for k in compiled]  # every one a cache hit here
+    compiled, _ = cases.triton_compiles_on_two_nodes_are_cache_hits_here(
+        RayPrecompileExecutor, tmp_path
+    )
     # The nodes' own caches (their TRITON_CACHE_DIR) were not the way: the files travelled as
     # bytes in the outcome records (nothing assumes a shared disk).
     node_files = [str(p) for c in node_caches if c.exists() for p in c.rglob("*")]
@@ -505,22 +317,13 @@ def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_
     from triton import knobs
     from triton.runtime.driver import driver
 
-    from precompile_executor.examples import kernels as examples
-    from precompile_executor.triton import TensorSpec, classify, launch, warm
     from precompile_executor.triton import autotune as pe_autotune
+    from precompile_executor.triton import classify
 
-    rows, cols = 64, 1000
-    sx, sy = TensorSpec("fp16", (rows, cols)), TensorSpec("fp16", (rows, cols))
-    specs = {examples.softmax_kernel: [launch(sy, sx, sx.stride(0), sy.stride(0), rows, cols)]}
-    n_configs = len(examples.softmax_kernel.configs)
     with knobs.cache.scope():
         knobs.cache.dir = str(tmp_path / "caller-cache")
         with RayPrecompileExecutor(timeout=120, classify=classify) as executor:
-            report = warm(specs, target="cuda:90", executor=executor)
-            assert [r.status for r in report.results] == ["ok"] * n_configs
-            again = warm(specs, target="cuda:90", executor=executor)
-            assert {r.status for r in again.results} == {"cached"}  # installed here
-            assert executor.statistics().completed == n_configs
+            n_configs = cases.warm_compiles_on_the_nodes_then_finds_them_cached(executor)
 
             gpu = at.DryRunGPU()
             log = at.CompileLog()
@@ -558,32 +361,22 @@ def test_a_lost_node_fails_only_its_in_flight_tasks_and_a_new_node_gets_work(
     with RayPrecompileExecutor(max_workers_per_node=2) as executor:
         executor.warm_up(timeout=WAIT_S)
         futures = [executor.submit(crashers.square_and_log, i, str(log), 1.0) for i in range(12)]
-        _wait_until(lambda: executor.statistics().running == 4)
+        wait_until(lambda: executor.statistics().running == 4)
         raylet = psutil.Process(victim.all_processes["raylet"][0].process.pid)
         cluster.remove_node(victim, allow_graceful=False)
 
-        errors = [f.exception(timeout=WAIT_S) for f in futures]
-        lost = [i for i, e in enumerate(errors) if e is not None]
-        assert len(lost) == 2  # the victim's two in-flight tasks, nothing else
-        for i in lost:
-            assert isinstance(errors[i], NodeLostError)
-            assert isinstance(errors[i], WorkerCrashedError)
-            assert victim.node_id in str(errors[i])
-        done = [i for i in range(12) if i not in lost]
-        assert [futures[i].result() for i in done] == [i * i for i in done]
-        runs = _runs(log)
-        assert [i for i in done if runs.count(i) != 1] == []  # the others ran exactly once
+        lost = cases.a_lost_nodes_in_flight_tasks_fail_alone(
+            executor, futures, log, victim.node_id, NodeLostError
+        )
         # Never re-run. (A lost task may still have finished on the dying node: its pool
         # workers die a moment after its raylet; its outcome is unknown, so it fails.)
-        assert all(runs.count(i) <= 1 for i in lost)
-        stats = executor.statistics()
-        assert (stats.completed, stats.failed, stats.nodes_lost) == (10, 2, 1)
+        assert all(cases.runs(log).count(i) <= 1 for i in lost)
         assert not raylet.is_running() or raylet.status() == psutil.STATUS_ZOMBIE
         assert victim.node_id not in executor.nodes()
 
         # A node joins: the executor places an actor there and sends it work.
         joiner = cluster.add_node(**node_args(1))
-        _wait_until(lambda: joiner.node_id in executor.nodes())
+        wait_until(lambda: joiner.node_id in executor.nodes())
         view = executor.options(resources={ray_node_resource(1): 1})
         assert view.submit(crashers.square, 5).result(timeout=WAIT_S) == 25
     assert_on_loopback_only()

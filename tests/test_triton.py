@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
+from kernel_helpers import ADD_GELU_OPTIONS, add_gelu_signature
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
@@ -208,15 +209,8 @@ def test_precompile_in_a_worker_makes_the_callers_compile_a_cache_hit(
     executor: PrecompileExecutor, caller_cache: Path, compile_log: CompileLog
 ) -> None:
     kernel = examples.add_gelu_kernel.fn
-    signature = {
-        "x_ptr": "*fp16",
-        "bias_ptr": "*fp16",
-        "out_ptr": "*fp16",
-        "n_elements": "i32",
-        "n_cols": "i32",
-        "BLOCK_SIZE": "constexpr",
-    }
-    options = {"num_warps": 4, "num_stages": 3}
+    signature = add_gelu_signature("fp16")
+    options = ADD_GELU_OPTIONS
     job = precompile(
         kernel, signature, {"BLOCK_SIZE": 1024}, target=TARGET, options=options, executor=executor
     )
@@ -244,14 +238,7 @@ def test_precompile_in_a_worker_makes_the_callers_compile_a_cache_hit(
 @pytest.mark.timeout(120)
 def test_a_cached_compile_submits_no_task(executor: PrecompileExecutor, caller_cache: Path) -> None:
     kernel = examples.add_gelu_kernel.fn
-    signature = {
-        "x_ptr": "*fp32",
-        "bias_ptr": "*fp32",
-        "out_ptr": "*fp32",
-        "n_elements": "i32",
-        "n_cols": "i32",
-        "BLOCK_SIZE": "constexpr",
-    }
+    signature = add_gelu_signature("fp32")
     first = precompile(kernel, signature, {"BLOCK_SIZE": 256}, target=TARGET, executor=executor)
     first.result(timeout=RESULT_TIMEOUT_S)
     second = precompile(kernel, signature, {"BLOCK_SIZE": 256}, target=TARGET, executor=executor)

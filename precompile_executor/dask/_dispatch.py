@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
 import logging
 import threading
-import time
 from typing import Any
 
 from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
@@ -42,7 +40,7 @@ from .._errors import (
     WorkerStartError,
 )
 from . import _node
-from ._plan import departed, free_slots, pick_node
+from ._plan import departed
 
 log = logging.getLogger("precompile_executor.dask")
 
@@ -63,13 +61,8 @@ class NodeLostError(ClusterNodeLost):
         node: the dask worker's address.
     """
 
-    @staticmethod
-    def describe(node: str) -> str:
-        return (
-            f"dask worker {node} left the cluster while it held the task; the task is not re-run "
-            "(it may be the cause). The other tasks go on on the remaining nodes; check that "
-            "node's log (an OOM kill, a crashed dask worker)"
-        )
+    LOST = "dask worker {node} left the cluster"
+    LOG = "log (an OOM kill, a crashed dask worker)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,51 +111,10 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
 
     # -- the dispatcher thread -------------------------------------------------------------------
 
-    def run(self) -> None:
-        next_refresh = 0.0
-        while True:
-            with self.wake:
-                if not self.poked:
-                    self.wake.wait(max(0.0, next_refresh - time.monotonic()))
-                self.poked = False
-                kills, self.kills = self.kills, []
-            for task in kills:
-                self.kill_on_node(task, cancel_dask=True)
-            if time.monotonic() >= next_refresh:
-                self.refresh()
-                next_refresh = time.monotonic() + NODE_POLL_S
-            with self.lock:
-                sends = self.plan()
-                done = self.drained()
-            for task in sends:
-                self.send(task)
-            if done and not sends:
-                break
-        self.close()
+    node_poll_s = NODE_POLL_S
 
-    def plan(self) -> list[Task]:
-        """Move queued tasks to nodes with free slots, best priority first (lock held)."""
-        if self.held:
-            return []
-        free = free_slots(
-            {a: n.window for a, n in self.nodes.items()},
-            {a: len(n.keys) for a, n in self.nodes.items()},
-        )
-        sends: list[Task] = []
-        while self.queue:
-            address = pick_node(free)
-            if address is None:
-                break
-            _, task = heapq.heappop(self.queue)
-            if task.future.cancelled():
-                continue
-            node = self.nodes[address]
-            task.state, task.node, task.token = "dispatched", address, node.token
-            node.keys.add(task.key)
-            self.in_flight[task.key] = task
-            free[address] -= 1
-            sends.append(task)
-        return sends
+    def bind(self, task: Task, node: Node) -> None:
+        task.token = node.token
 
     def send(self, task: Task) -> None:
         try:
@@ -170,12 +122,8 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
                 _node.run_task,
                 self.plugin_name,
                 task.token,
-                task.key,
-                task.blob,
-                task.opts.timeout,
-                task.opts.with_output,
+                task.node_call(),
                 self.topic,
-                task.opts.memory_limit,
                 key=task.key,
                 workers=[task.node],
                 allow_other_workers=False,
@@ -193,12 +141,16 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
     def node_lost(self, node: str, detail: str) -> BaseException:
         return NodeLostError(node, detail)
 
-    def kill_on_node(self, task: Task, *, cancel_dask: bool = False) -> None:
-        """Stop ``task`` on its node: dask forgets it, the node cancels or kills it."""
-        fut, task.dask_future = task.dask_future, None
-        if cancel_dask and fut is not None:
+    def withdraw(self, task: Task) -> None:
+        """Its future was cancelled: dask cancels the dask task, the node cancels or kills it."""
+        if task.dask_future is not None:
             with contextlib.suppress(Exception):
-                fut.cancel()
+                task.dask_future.cancel()
+        self.kill_on_node(task)
+
+    def kill_on_node(self, task: Task) -> None:
+        """Stop ``task`` on its node: dask forgets it, the node cancels or kills it."""
+        task.dask_future = None
         try:
             self.client.run(
                 _node.kill, self.plugin_name, task.key, workers=[task.node], on_error="ignore"

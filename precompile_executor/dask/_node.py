@@ -23,7 +23,7 @@ import asyncio
 import multiprocessing
 from typing import Any
 
-from .._node_pool import Outcome, refused
+from .._node_pool import NodeCall, Outcome, refused
 
 __all__ = ["DAEMON_MESSAGE", "Outcome", "describe", "is_daemon", "kill", "refused", "run_task"]
 
@@ -42,16 +42,7 @@ def _plugin(name: str, dask_worker: Any = None) -> Any:
     return dask_worker.plugins.get(name)
 
 
-def run_task(
-    plugin_name: str,
-    node_token: str,
-    key: str,
-    blob: bytes,
-    timeout: float | None,
-    with_output: bool,
-    topic: str,
-    memory_limit: int | None = None,
-) -> Outcome:
+def run_task(plugin_name: str, node_token: str, call: NodeCall, topic: str) -> Outcome:
     """The dask task: run one call on this node's pool and return its :data:`Outcome`.
 
     Never raises: a dask task that raised would travel as a pickled exception through dask's
@@ -65,7 +56,7 @@ def run_task(
             # The caller sent this to another incarnation of the node (same address, restarted):
             # the task may have run and killed the old one; never run it again blindly.
             return refused("node-changed", "the node restarted since the task was sent to it")
-        outcome: Outcome = plugin.run(key, blob, timeout, with_output, topic, memory_limit)
+        outcome: Outcome = plugin.run(call, topic)
         return outcome
     except Exception as exc:  # noqa: BLE001 - the contract: never raise
         return refused(

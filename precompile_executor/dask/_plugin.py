@@ -31,7 +31,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._node_pool import NodePool, Outcome, outcome_of, refused
+from .._node_pool import NodeCall, NodePool, Outcome, outcome_of, refused
 from ._node import DAEMON_MESSAGE, is_daemon
 from ._plan import node_window
 
@@ -85,26 +85,18 @@ class NodePlugin(WorkerPlugin):
             raise RuntimeError(self.error or "the node pool is not available")
         return self.pool.warm_up(timeout)
 
-    def run(
-        self,
-        key: str,
-        blob: bytes,
-        timeout: float | None,
-        with_output: bool,
-        topic: str,
-        memory_limit: int | None = None,
-    ) -> Outcome:
+    def run(self, call: NodeCall, topic: str) -> Outcome:
         """Run one pre-pickled call on the node-local pool; return its outcome. Never raises."""
         if self.pool is None:
             return refused("unavailable", self.error or "the node pool is not available")
-        local = self.pool.submit(key, blob, timeout, with_output, memory_limit)
+        local = self.pool.submit(call)
         if not isinstance(local, Future):
             return local
         try:
-            self._report_start(local, key, topic)
-            return outcome_of(local, with_output)
+            self._report_start(local, call.key, topic)
+            return outcome_of(local, call.with_output)
         finally:
-            self.pool.release(key)
+            self.pool.release(call.key)
 
     def _report_start(self, local: Future[Any], key: str, topic: str) -> None:
         """Tell the caller when the node-local pool really starts the task (not when dask did)."""

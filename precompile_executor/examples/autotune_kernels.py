@@ -61,7 +61,9 @@ matmul_64 = triton.autotune(configs=matmul_configs(), key=["M", "N", "K"])(matmu
 
 @triton.autotune(
     configs=[
-        triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8, 16) for s in (1, 2, 3)
+        triton.Config({}, num_warps=w, num_stages=s)
+        for w in (1, 2, 4, 8, 16, 32)
+        for s in (1, 2, 3)
     ],
     key=["n_cols"],
 )
@@ -81,7 +83,9 @@ def softmax_kernel(out_ptr, in_ptr, in_stride, out_stride, n_cols, BLOCK_SIZE: t
 
 @triton.autotune(
     configs=[
-        triton.Config({}, num_warps=w, num_stages=s) for w in (1, 2, 4, 8, 16, 32) for s in (2, 3)
+        triton.Config({}, num_warps=w, num_stages=s)
+        for w in (1, 2, 4, 8, 16, 32)
+        for s in (2, 3, 4)
     ],
     key=["N"],
 )

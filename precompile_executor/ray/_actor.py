@@ -13,8 +13,9 @@ task's kill to a thread (:meth:`NodePool.kill`). The node-local executor's own t
 pool workers, their timeouts, group kills, capture and classification.
 
 What crosses to the caller: plain :data:`~precompile_executor._node_pool.Outcome` records
-(bytes, str, numbers), lists of keys and pids; calls arrive as bytes. Ray never unpickles a
-user object here.
+(bytes, str, numbers), lists of keys and pids; calls arrive as
+:class:`~precompile_executor._node_pool.NodeCall` records of bytes and numbers. Ray never
+unpickles a user object here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._node_pool import NodePool, Outcome, outcome_of, refused
+from .._node_pool import NodeCall, NodePool, Outcome, outcome_of, refused
 
 START_POLL_MAX_S = 0.02
 """Longest pause between checks for "the node-local task has started": the start reaches the
@@ -62,21 +63,14 @@ class NodeActor:
             existing = self.sessions[session] = _Session(NodePool(settings, window, devices))
         return {"pid": os.getpid(), "window": existing.pool.window, "error": existing.pool.error}
 
-    async def run(
-        self,
-        session: str,
-        key: str,
-        blob: bytes,
-        timeout: float | None,
-        with_output: bool,
-        memory_limit: int | None = None,
-    ) -> Outcome:
+    async def run(self, session: str, call: NodeCall) -> Outcome:
         """Run one pre-pickled call on the session's pool; return its outcome. Never raises."""
+        key = call.key
         try:
             entry = self.sessions.get(session)
             if entry is None:
                 return refused("unavailable", "the executor's pool on this node is closed")
-            local = entry.pool.submit(key, blob, timeout, with_output, memory_limit)
+            local = entry.pool.submit(call)
             if not isinstance(local, Future):
                 return local
             try:
@@ -92,7 +86,7 @@ class NodeActor:
                 await asyncio.wait([done])
                 if not done.cancelled():
                     done.exception()  # retrieved: outcome_of reads it from the node's future
-                return outcome_of(local, with_output)
+                return outcome_of(local, call.with_output)
             finally:
                 entry.pool.release(key)
         except Exception as exc:  # noqa: BLE001 - the contract: never raise

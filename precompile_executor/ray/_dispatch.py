@@ -10,8 +10,8 @@ Data flow::
     priority heap ── futures PENDING, cancel() works
       │ dispatcher thread: while a node that has the task's resources has a free slot
       │ (window = its Ray CPUs, capped by max_workers_per_node):
-      │ actor.run.remote(session, key, blob, timeout, with_output, memory_limit) — still
-      │ PENDING, cancellable
+      │ actor.run.remote(session, NodeCall(key, blob, timeout, with_output, memory_limit)) —
+      │ still PENDING, cancellable
       ▼
     node actor (one per node, NodeAffinitySchedulingStrategy) ─► session's NodePool: the
       │ node-local PrecompileExecutor (timeouts, memory limits, group kills, crash isolation,
@@ -35,19 +35,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
+import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
 import ray
 
-from .._base import TaskOptions
-from .._cluster_plan import departed, free_slots, has_resources, node_window, pick_node
+from .._cluster_plan import departed, has_resources, node_window
 from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
 from .._errors import (
     WorkerStartError,
@@ -83,13 +82,8 @@ class NodeLostError(ClusterNodeLost):
         node: the Ray node id (hex).
     """
 
-    @staticmethod
-    def describe(node: str) -> str:
-        return (
-            f"Ray node {node} was lost while it held the task; the task is not re-run (it may be "
-            "the cause). The other tasks go on on the remaining nodes; check that node's raylet "
-            "log (an OOM kill, a crashed raylet or actor)"
-        )
+    LOST = "Ray node {node} was lost"
+    LOG = "raylet log (an OOM kill, a crashed raylet or actor)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,17 +100,8 @@ class RayExecutorStatistics(ClusterStatistics):
     """
 
 
-@dataclasses.dataclass(frozen=True)
-class RayTaskOptions(TaskOptions):
-    """The layer's per-task settings and the Ray backend's own: ``resources``, amounts a node
-    must have to take the task (a filter: nothing is reserved), sorted (hashable)."""
-
-    resources: tuple[tuple[str, float], ...] = ()
-
-
 @dataclasses.dataclass(eq=False)
 class Task(ClusterTask):
-    opts: RayTaskOptions
     actor: Any = None
     ref: Any = None  # the run() call's ObjectRef, held until the task is resolved
 
@@ -129,22 +114,6 @@ class Node:
     resources: dict[str, float]
     keys: set[str] = dataclasses.field(default_factory=set)
     polling: Any = None  # the starts() long poll's ObjectRef while one is out
-
-
-def check_resources(value: object, name: str = "resources") -> tuple[tuple[str, float], ...]:
-    """``{"GPU": 1}``-style amounts a node must have, as a sorted tuple (hashable)."""
-    if value is None:
-        return ()
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict of resource name -> amount, got {value!r}")
-    items: list[tuple[str, float]] = []
-    for key, amount in value.items():
-        if not isinstance(key, str):
-            raise TypeError(f"{name} names must be strings, got {key!r}")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
-            raise ValueError(f"{name}[{key!r}] must be a number >= 0, got {amount!r}")
-        items.append((key, float(amount)))
-    return tuple(sorted(items))
 
 
 def check_devices_per_node(value: object) -> tuple[int | str, ...] | Literal["auto"] | None:
@@ -180,98 +149,39 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         self.resources = dict(resources)
         self.placing: dict[str, Node] = {}  # open() sent, not answered
         self.retry_at: dict[str, float] = {}  # node id -> when to try placing again
-        self.inbox: list[tuple[str, str, Any, Future[Any]]] = []  # (what, node, actor, answer)
         self.refreshed = False
         self.thread = threading.Thread(target=self.run, name="precompile-ray-dispatch", daemon=True)
 
     def node_lost(self, node: str, detail: str) -> BaseException:
         return NodeLostError(node, detail)
 
-    def post(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
+    def answered(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
         """An answer from a node, for the dispatcher (a Ray callback thread)."""
-        with self.lock:
-            self.inbox.append((what, node_id, actor, answer))
-            self.poke()
+        self.post(functools.partial(self.on_answer, what, node_id, actor, answer))
 
     # -- the dispatcher thread -------------------------------------------------------------------
 
-    def run(self) -> None:
-        next_refresh = 0.0
-        while True:
-            with self.wake:
-                if not self.poked:
-                    self.wake.wait(max(0.0, next_refresh - time.monotonic()))
-                self.poked = False
-                kills, self.kills = self.kills, []
-                inbox, self.inbox = self.inbox, []
-            for task in kills:
-                self.kill_on_node(task)
-            for what, node_id, actor, answer in inbox:
-                self.on_answer(what, node_id, actor, answer)
-            if time.monotonic() >= next_refresh:
-                self.refresh()
-                next_refresh = time.monotonic() + NODE_POLL_S
-            with self.lock:
-                sends = self.plan()
-                polls = [n for n in self.nodes.values() if n.keys and n.polling is None]
-                for node in polls:
-                    node.polling = True  # until poll_starts() stores the call's ObjectRef
-                done = self.drained()
-            for task in sends:
-                self.send(task)
-            for node in polls:
-                self.poll_starts(node)
-            if done and not sends:
-                break
-        self.close()
+    node_poll_s = NODE_POLL_S
 
-    def plan(self) -> list[Task]:
-        """Move queued tasks to nodes with free slots, best priority first (lock held).
+    def eligible(self, task: Task) -> list[str] | None:
+        if not task.opts.resources:
+            return None
+        wanted = dict(task.opts.resources)
+        return [a for a, n in self.nodes.items() if has_resources(n.resources, wanted)]
 
-        A task whose resources no node with a free slot has stays queued, in its place; the
-        tasks behind it may go to other nodes.
-        """
-        if self.held or not self.nodes:
-            return []
-        free = free_slots(
-            {a: n.window for a, n in self.nodes.items()},
-            {a: len(n.keys) for a, n in self.nodes.items()},
-        )
-        sends: list[Task] = []
-        kept: list[tuple[tuple[float, float, int], Task]] = []
-        while self.queue and any(free.values()):
-            entry = heapq.heappop(self.queue)
-            task = entry[1]
-            if task.future.cancelled():
-                continue
-            among = None
-            if task.opts.resources:
-                wanted = dict(task.opts.resources)
-                among = [a for a, n in self.nodes.items() if has_resources(n.resources, wanted)]
-            address = pick_node(free, among)
-            if address is None:
-                kept.append(entry)
-                continue
-            node = self.nodes[address]
-            task.state, task.node, task.actor = "dispatched", address, node.actor
-            node.keys.add(task.key)
-            self.in_flight[task.key] = task
-            free[address] -= 1
-            sends.append(task)
-        for entry in kept:
-            heapq.heappush(self.queue, entry)
-        return sends
+    def bind(self, task: Task, node: Node) -> None:
+        task.actor = node.actor
+
+    def after_plan(self) -> list[Callable[[], None]]:
+        """The long polls for started tasks: one out per node holding tasks (lock held)."""
+        polls = [n for n in self.nodes.values() if n.keys and n.polling is None]
+        for node in polls:
+            node.polling = True  # until poll_starts() stores the call's ObjectRef
+        return [functools.partial(self.poll_starts, node) for node in polls]
 
     def send(self, task: Task) -> None:
         try:
-            ref = task.actor.run.remote(
-                self.session,
-                task.key,
-                task.blob,
-                task.opts.timeout,
-                task.opts.with_output,
-                task.opts.memory_limit,
-            )
+            ref = task.actor.run.remote(self.session, task.node_call())
             answer = ref.future()
         except Exception as exc:  # noqa: BLE001 - Ray shut down under us, say: fail this task only
             if self.take(task):
@@ -290,7 +200,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
             return
         with self.lock:
             node.polling = ref
-        answer.add_done_callback(lambda f: self.post("starts", node.node_id, node.actor, f))
+        answer.add_done_callback(lambda f: self.answered("starts", node.node_id, node.actor, f))
 
     def kill_on_node(self, task: Task) -> None:
         """Cancel or kill ``task`` on its node (the answer is not awaited)."""
@@ -349,7 +259,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
             return
         with self.lock:
             self.placing[node_id] = node
-        answer.add_done_callback(lambda f: self.post("opened", node_id, node.actor, f))
+        answer.add_done_callback(lambda f: self.answered("opened", node_id, node.actor, f))
 
     def on_answer(self, what: str, node_id: str, actor: Any, answer: Future[Any]) -> None:
         """A node's answer to ``open()`` or ``starts()`` (dispatcher thread)."""
@@ -435,7 +345,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
                 self.finish(task, exc=NodeLostError(task.node, repr(error)))
             done: Future[Any] = Future()
             done.set_exception(error)
-            self.post("lost", task.node, task.actor, done)
+            self.answered("lost", task.node, task.actor, done)
             return
         if self.take(task):
             self.finish_outcome(task, answer.result())

@@ -43,6 +43,7 @@ from typing import Any
 from triton.runtime import _async_compile
 from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 
+from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._kernel_ref import unwrap_jit_function
@@ -174,6 +175,17 @@ class _Entry:
         return self.compiled.config
 
 
+def _predicted_s(config: Any) -> float:
+    """The prior of a config's compile from what the config itself sets (its block sizes and
+    ``num_warps``; the executor's history refines the order of the held batch)."""
+    blocks = {
+        name: value
+        for name, value in config.kwargs.items()
+        if "BLOCK" in name.upper() and isinstance(value, int) and not isinstance(value, bool)
+    }
+    return triton_prior_s(blocks, num_warps=config.num_warps or 4)
+
+
 def is_isolation_failure(exc: BaseException) -> bool:
     """Return whether a compile failed by crashing, hanging or losing its worker (not a
     compiler error): Triton would have died or hung with it, so it is timed ``inf``."""
@@ -248,17 +260,20 @@ class Tune:
         token = _async_compile.active_mode.set(AsyncCompileMode(adapter, ignore_errors=True))
         kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
         try:
-            # The first config starts compiling as soon as it is submitted, so its benchmark
-            # can begin early. The rest: when they are more than the workers, queue all before
-            # any starts, so the executor starts the longest predicted first
-            # (PrecompileExecutor.batch(); other executors: as submitted); when they all fit,
-            # holding them back would only delay them.
-            compiled = compile_configs(self.autotuner, self._args, kwargs, configs[:1], adapter)
-            rest = configs[1:]
+            # The first wave — the predicted shortest compiles, one per worker, shortest first —
+            # starts as each is submitted, so benchmarking begins as early as it can and has
+            # configs to time while the longer ones compile. The rest are queued as one batch
+            # before any starts, so the executor starts the longest predicted first
+            # (PrecompileExecutor.batch(); other executors: as submitted). docs/triton.md,
+            # "Order of the compiles".
             workers = getattr(executor, "max_workers", None)
-            fits = isinstance(workers, int) and len(rest) < workers
-            with contextlib.nullcontext() if fits else holding_batch(executor):
-                compiled += compile_configs(self.autotuner, self._args, kwargs, rest, adapter)
+            ranked = sorted(configs, key=_predicted_s)
+            wave = max(1, workers) if isinstance(workers, int) else len(ranked)
+            first, rest = ranked[:wave], ranked[wave:]
+            compiled = compile_configs(self.autotuner, self._args, kwargs, first, adapter)
+            if rest:
+                with holding_batch(executor):
+                    compiled += compile_configs(self.autotuner, self._args, kwargs, rest, adapter)
         finally:
             _async_compile.active_mode.reset(token)
         for one in compiled:

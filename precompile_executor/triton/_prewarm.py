@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 
 import triton
 import triton.language as tl
 from triton.compiler import ASTSource
 
+from ._cache import expected_hash
 from ._target import parse_target
 
 
@@ -18,6 +20,9 @@ def _double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-de
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2, mask=mask)
+
+
+_SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
 
 
 def prewarm(target: str = "cuda:90") -> None:
@@ -38,11 +43,7 @@ def prewarm(target: str = "cuda:90") -> None:
     old = os.environ.get("TRITON_CACHE_DIR")
     os.environ["TRITON_CACHE_DIR"] = cache
     try:
-        source = ASTSource(
-            fn=_double,
-            signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-            constexprs={"BLOCK": 1024},
-        )
+        source = ASTSource(fn=_double, signature=_SIGNATURE, constexprs={"BLOCK": 1024})
         triton.compile(source, target=parse_target(target), options={"num_warps": 4})
     finally:
         if old is None:
@@ -50,3 +51,25 @@ def prewarm(target: str = "cuda:90") -> None:
         else:
             os.environ["TRITON_CACHE_DIR"] = old
         shutil.rmtree(cache, ignore_errors=True)
+
+
+caller_warming = threading.RLock()
+"""Held while :func:`warm_caller` runs: a compile submitted meanwhile waits for it (``_submit``)
+rather than hashing Triton's installation a second time beside it."""
+
+
+def warm_caller(target: str = "cuda:90") -> None:
+    """The caller's half of :func:`prewarm`: what this process pays before its first compile.
+
+    Computes a compile's cache key for ``target`` once — Triton hashes its whole installation
+    for the first key of a process (``triton_key``: 0.3–0.7 s) and loads the target's backend.
+    A ``PrecompileExecutor`` with ``initializer=prewarm`` runs it on a background thread of the
+    caller while its workers start (``prewarm.in_caller``; docs/design.md, "The caller's half of
+    an initializer"), so the first autotune or ``warm()`` after it does not pay this itself.
+    """
+    with caller_warming:
+        source = ASTSource(fn=_double, signature=_SIGNATURE, constexprs={"BLOCK": 1024})
+        expected_hash(source, parse_target(target), {"num_warps": 4}, {})
+
+
+prewarm.in_caller = warm_caller  # type: ignore[attr-defined]

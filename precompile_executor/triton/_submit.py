@@ -37,6 +37,7 @@ from ._cache import cached_group, expected_hash, install, load_compiled, metadat
 from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
 from ._messages import CompiledArtifacts, CompileRequest, encode_constexprs
+from ._prewarm import caller_warming
 from ._target import parse_target
 from ._worker import compile_request
 
@@ -129,6 +130,8 @@ def submit_compile(
     Returns:
         The job; its future resolves to a ``CompiledKernel`` loaded from the caller's cache.
     """
+    with caller_warming:  # a background warm_caller() still hashing: wait, don't hash twice
+        pass
     request = build_request(src, target, options, env_vars)
     outer: Future[Any] = Future()
     job = CompileJob(request, outer)
