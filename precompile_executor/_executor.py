@@ -22,9 +22,11 @@ Data flow::
                                   │
     Hub monitor thread ◄──────────┘ one thread waits on every socket:
       Started → the task's clock starts (its deadline counts from here)
-      Done    → task closed, its Started→Done time recorded in its cost model; the settle
-                pool unpickles the result or rebuilds the exception (a RemoteError proxy) and
-                sets the future (then, once nothing is left to do, saves the cost history)
+      Done    → task closed, its Started→Done time recorded in its cost model; the worker's
+                next task written to it; then the future set: a plain result on the monitor at
+                the end of its round, else the settle pool unpickles the result or rebuilds the
+                exception (a RemoteError proxy) (then, once nothing is left to do, the cost
+                history is saved)
       EOF     → worker dead: a task it never started is queued again; a started one fails
                 (WorkerCrashedError, exit code and output read by a job) and is never re-run
       deadline→ a job kills the worker's process group (SIGTERM, grace, SIGKILL) → its EOF →
