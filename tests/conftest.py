@@ -180,7 +180,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        left = [p for p in me.children(recursive=True) if not _is_helper(p)]
+        left = [p for p in _descendants(me) if not _is_helper(p)]
         left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         if not left:
             return
