@@ -20,13 +20,31 @@ _HELPER_MARKERS = ("resource_tracker", "signal.SIG_IGN")
 _process_roots: list[Callable[[], set[int]]] = []
 
 
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc.children(recursive=True)``, read again when psutil's parse fails.
+
+    On Linux psutil builds a pid → ppid map from every process's ``/proc/<pid>/stat``; read just
+    as some unrelated process exits, the file can come back empty and psutil 7 raises
+    ``IndexError`` (seen once in a full suite run, in the teardown of a test that had no leak).
+    A failed read says nothing about leaks, so it is retried.
+    """
+    for attempt in range(5):
+        try:
+            return proc.children(recursive=True)
+        except (IndexError, ValueError):
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
+
+
 def _allowed_trees() -> set[int]:
     pids: set[int] = set()
     for roots in _process_roots:
         for pid in roots():
             pids.add(pid)
             with contextlib.suppress(psutil.Error):
-                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+                pids.update(p.pid for p in _descendants(psutil.Process(pid)))
     return pids
 
 
@@ -63,7 +81,7 @@ def stray_processes(timeout_s: float = 10.0) -> list[psutil.Process]:
     while True:
         allowed = _pooled_worker_pids() | _allowed_trees()
         strays = []
-        for proc in me.children(recursive=True):
+        for proc in _descendants(me):
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     continue
@@ -162,7 +180,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     me = psutil.Process(os.getpid())
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        left = [p for p in me.children(recursive=True) if not _is_helper(p)]
+        left = [p for p in _descendants(me) if not _is_helper(p)]
         left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         if not left:
             return
