@@ -226,7 +226,7 @@ def stamp(cores: int, command: str) -> dict[str, str]:
     }
     info |= {d: version(d) for d in ("torch", "triton", "loky", "pebble", "cloudpickle", "psutil")}
     info["precompile_executor"] = f"{version('precompile-executor')} ({git_revision()})"
-    info["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     info["command"] = command
     return info
 

@@ -106,7 +106,7 @@ class NodeActor:
         if not entry.started:
             try:
                 await asyncio.wait_for(entry.changed.wait(), wait_s)
-            except asyncio.TimeoutError:  # TimeoutError from 3.11; its own class on 3.10
+            except TimeoutError:  # asyncio.wait_for raises the builtin (3.11+)
                 pass
         entry.changed.clear()
         keys, entry.started = entry.started, []
