@@ -46,6 +46,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from ._async import TritonCompileExecutor
+from ._costs import block_sizes
 from ._kernel_ref import unwrap_jit_function
 from ._submit import default_executor
 from ._warm import ConfigCompile, compile_configs, holding_batch
@@ -178,12 +179,7 @@ class _Entry:
 def _predicted_s(config: Any) -> float:
     """The prior of a config's compile from what the config itself sets (its block sizes and
     ``num_warps``; the executor's history refines the order of the held batch)."""
-    blocks = {
-        name: value
-        for name, value in config.kwargs.items()
-        if "BLOCK" in name.upper() and isinstance(value, int) and not isinstance(value, bool)
-    }
-    return triton_prior_s(blocks, num_warps=config.num_warps or 4)
+    return triton_prior_s(block_sizes(config.kwargs), num_warps=config.num_warps or 4)
 
 
 def is_isolation_failure(exc: BaseException) -> bool:

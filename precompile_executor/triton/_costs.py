@@ -20,6 +20,7 @@ submit time, so :func:`~precompile_executor.triton.precompile`, :func:`~._warm.w
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from triton import knobs
@@ -61,13 +62,8 @@ def compile_estimate(request: CompileRequest) -> Estimate:
     features: dict[str, Any] = {**constexprs, **options}
     features["dtypes"] = "+".join(dtypes)
     features["target"] = ":".join(str(part) for part in request.target)
-    blocks = {
-        k: v
-        for k, v in constexprs.items()
-        if "BLOCK" in k.upper() and isinstance(v, int) and not isinstance(v, bool)
-    }
     prior = triton_prior_s(
-        blocks,
+        block_sizes(constexprs),
         num_warps=int(options.get("num_warps") or 4),
         num_stages=int(options.get("num_stages") or 3),
         dtype_bits=max((_bits(d) for d in dtypes), default=16),
@@ -78,6 +74,16 @@ def compile_estimate(request: CompileRequest) -> Estimate:
         function=f"triton:{request.kernel.name}",
         history=history_path(),
     )
+
+
+def block_sizes(values: Mapping[str, Any]) -> dict[str, int]:
+    """The block-size constexprs among ``values`` (names containing ``BLOCK``, integer values):
+    what :func:`~precompile_executor._costs.triton_prior_s` reads."""
+    return {
+        name: value
+        for name, value in values.items()
+        if "BLOCK" in name.upper() and isinstance(value, int) and not isinstance(value, bool)
+    }
 
 
 def _bits(dtype: str) -> int:
