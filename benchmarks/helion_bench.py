@@ -170,6 +170,16 @@ PHASES = {
 (Σ seconds, calls) by wrapping the method named here for the run. ``codegen`` is each config's
 host code (its ``compile_config``, called again as a cache hit by ``benchmark``), ``measure`` the
 accuracy check and timing of one config, ``rebenchmark`` the final re-timing of the best."""
+EXTRA = {
+    "batches": ("helion.autotuner.base_search", "BaseSearch", "benchmark_batch"),
+    "create": (*_PROVIDER, "_create_precompile_future"),
+}
+"""Timed like :data:`PHASES` but not part of the serial split (they contain its steps):
+``batches`` every batch the search benchmarks (so autotune − batches is the search's own work:
+choosing configs, LFBO's model), ``create`` the making of each config's precompile future (in
+ours, where fork-mode tasks are submitted). The parent's ``os.fork`` calls (any thread: Helion's
+fork mode and our fork path both fork the autotuning process per config) are counted as
+``forks``."""
 
 
 @contextlib.contextmanager
@@ -178,7 +188,7 @@ def _phase_timers(into: dict[str, list[float]]) -> Any:
     import importlib
 
     saved = []
-    for name, (module, cls_name, attr) in PHASES.items():
+    for name, (module, cls_name, attr) in {**PHASES, **EXTRA}.items():
         cls = getattr(importlib.import_module(module), cls_name)
         real = cls.__dict__[attr]
         into[name] = [0.0, 0]
@@ -198,9 +208,22 @@ def _phase_timers(into: dict[str, list[float]]) -> Any:
 
         setattr(cls, attr, timed)
         saved.append((cls, attr, real))
+    real_fork = os.fork
+    forks = into["forks"] = [0.0, 0]
+
+    def timed_fork() -> int:
+        t = time.perf_counter()
+        pid = real_fork()
+        if pid:  # the parent's side only: the child's clock stops mattering here
+            forks[0] += time.perf_counter() - t
+            forks[1] += 1
+        return pid
+
+    os.fork = timed_fork
     try:
         yield into
     finally:
+        os.fork = real_fork
         for cls, attr, real in saved:
             setattr(cls, attr, real)
 
@@ -439,8 +462,8 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     (:data:`PHASES`, Σ s / calls), the precompile wait, the rest of the autotune, after it."""
     lines = [
         "| scenario | mode | before autotune | " + " | ".join(PHASES) + " | precompile wait | "
-        "rest of autotune | after autotune |",
-        "|---|---|---|" + "---|" * (len(PHASES) + 3),
+        "rest of autotune | after autotune | search outside batches | create | forks |",
+        "|---|---|---|" + "---|" * (len(PHASES) + 6),
     ]
     for scenario, modes in SCENARIOS.items():
         for mode in modes:
@@ -463,6 +486,16 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
             cells.append(f"{autotune - sum(spent) - wait:.1f}")
             after = [r["process_s"] - r["before_autotune_s"] - r["autotune_s"] for r in ok]
             cells.append(f"{statistics.median(after):.1f}")
+            extra = [r for r in ok if "batches" in r["phases"]]  # rows of older runs lack them
+            if extra:
+                outside = [r["autotune_s"] - r["phases"]["batches"][0] for r in extra]
+                cells.append(f"{statistics.median(outside):.1f}")
+                for name in ("create", "forks"):
+                    sums = [r["phases"][name][0] for r in extra]
+                    calls = [r["phases"][name][1] for r in extra]
+                    cells.append(f"{statistics.median(sums):.1f} / {statistics.median(calls):.0f}")
+            else:
+                cells += ["—"] * 3
             lines.append(f"| {scenario} | {mode} | " + " | ".join(cells) + " |")
     return lines
 
@@ -490,6 +523,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="start no run past this many seconds minus the longest run so far; report then",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="write no run: the table of the rows of earlier runs' --out .json files, together",
+    )
     parser.add_argument("--child", nargs=2, metavar=("SCENARIO", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -501,6 +541,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from benchmarks._common import stamp, usable_cores, version
+
+    if args.merge:
+        merged = [row for path in args.merge for row in json.loads(path.read_text())]
+        text = report(merged, {"merged from": ", ".join(map(str, args.merge))})
+        print(text)
+        if args.out:
+            args.out.write_text(text)
+        return 0
 
     command = "python -m benchmarks.helion_bench" + " --quick" * args.quick
     command += f" --rounds {args.rounds}" + (f" --only {' '.join(args.only)}" if args.only else "")
