@@ -15,10 +15,6 @@ import pytest
 from precompile_executor import stop_idle_workers
 from precompile_executor.cli import EXIT_BAD_INPUT, EXIT_COMPILE_FAILED, EXIT_OK, main
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
-]
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMAND_TIMEOUT_S = 240.0
 """Longest a test waits for a ``precompile-executor`` subprocess."""

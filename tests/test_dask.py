@@ -177,7 +177,6 @@ def test_daemonic_workers_are_refused_in_one_line() -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
 def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
     dask_cluster: Any, tmp_path: Path
 ) -> None:
@@ -188,7 +187,6 @@ def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
 def test_warm_takes_the_dask_executor(dask_cluster: Any, tmp_path: Path) -> None:
     pytest.importorskip("triton")
     from triton import knobs

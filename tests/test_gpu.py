@@ -54,10 +54,6 @@ from precompile_executor.gpu import (  # noqa: E402
 )
 from precompile_executor.triton import classify  # noqa: E402
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
-]
-
 RESULT_TIMEOUT_S = 120.0
 """Longest a test waits for one task (a cold worker imports torch, then compiles)."""
 

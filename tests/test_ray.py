@@ -291,7 +291,6 @@ def test_options_refuse_the_fork_path_and_bad_resources(ray_cluster: Any) -> Non
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
 def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
@@ -306,7 +305,6 @@ def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning")
 def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_path: Path) -> None:
     """``warm()`` compiles a kernel's configs on the nodes and installs them here; the
     ``@triton.autotune`` mode (on a dry-run sm_90 GPU, as in ``test_triton_autotune.py``)

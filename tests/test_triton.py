@@ -55,11 +55,6 @@ from precompile_executor.triton import (  # noqa: E402
     warm,
 )
 
-pytestmark = [
-    # Triton 3.9 warns once that its FP-fusion default will change; not ours to act on.
-    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
-]
-
 TARGET = "cuda:90"
 RESULT_TIMEOUT_S = 90.0
 """Longest a test waits for one compile (a warm one takes well under 3 s)."""

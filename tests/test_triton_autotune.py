@@ -47,11 +47,6 @@ from precompile_executor.triton import (  # noqa: E402
 )
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
 
-pytestmark = [
-    # Triton 3.9 warns once that its FP-fusion default will change; not ours to act on.
-    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
-]
-
 TARGET = "cuda:90"
 SM90_MAX_SHARED_BYTES = 232448
 """The opt-in shared memory per block of an H100/H200 (227 KiB): what Triton checks at load."""
