@@ -17,8 +17,11 @@ Scenarios (``--only`` takes their names):
 
 Modes (``--modes`` picks): ``native-fork`` (Helion alone, its default), ``ours-fork`` and
 ``ours-spawn`` (``with use():``, no argument: in spawn mode the executor is built and warmed in
-the background), ``hand-spawn`` (the best hand-tuned set-up: ``PrecompileExecutor(16,
-initializer=import_helion, initargs=(target,), devices=[0])``, ``warm_up()``, then ``use(ex)``).
+the background), ``install-spawn`` (``install()`` as the program's first line, before Helion and
+torch are imported: the executor is built from the environment and its template imports Helion
+beside the program's own imports), ``hand-spawn`` (the best hand-tuned set-up:
+``PrecompileExecutor(16, initializer=import_helion, initargs=(target,), devices=[0])``,
+``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
 
 Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
@@ -48,11 +51,11 @@ from typing import Any
 
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "skew": ("native-fork", "ours-fork"),
-    "matmul": ("native-fork", "ours-fork", "ours-spawn", "hand-spawn"),
+    "matmul": ("native-fork", "ours-fork", "ours-spawn", "install-spawn", "hand-spawn"),
     "lfbo": ("native-fork", "ours-fork", "ours-spawn"),
 }
 """Each scenario's modes (``--modes`` narrows them); ratios are to native-fork, and ours-spawn's
-also to hand-spawn."""
+and install-spawn's also to hand-spawn."""
 TARGETS = {
     ("skew", "native-fork"): 0.75,
     ("matmul", "native-fork"): 0.9,
@@ -85,6 +88,13 @@ def shim_intel_gpu_error() -> bool:
 
 
 _PROCESS_STARTED = __import__("psutil").Process().create_time()
+if sys.argv[1:2] == ["--child"] and sys.argv[3:4] == ["install-spawn"]:
+    # The install-spawn run's first line, as a program's: install() before anything imports
+    # Helion or torch (docs/helion.md, "Warm-up off the clock"). Run here, at the top of the
+    # child's module, ahead of the shim below, which imports torch.
+    import precompile_executor.helion
+
+    precompile_executor.helion.install()
 """When this interpreter started: whole-process figures are the parent's; this splits them into
 before the autotune (interpreter, imports, inputs, executor set-up), the autotune, and after."""
 SHIMMED = shim_intel_gpu_error()  # at import: spawn children of Helion import this module first
@@ -247,7 +257,9 @@ def run_scenario(
     with contextlib.ExitStack() as stack:
         # The one line goes first, as a user writes it: the executor warms while we set up.
         t_use = time.monotonic()
-        if mode.startswith("ours"):
+        if mode == "install-spawn":
+            pass  # installed at the top of this process, before Helion was imported
+        elif mode.startswith("ours"):
             stack.enter_context(use())
         elif mode == "hand-spawn":
             ex = stack.enter_context(
@@ -324,7 +336,8 @@ def run_scenario(
             _future.Stream.close = real_close  # type: ignore[method-assign]
         out["autotune_s"] = time.perf_counter() - t0
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
-        if mode == "ours-spawn":  # the background warm-up, from use(), against the autotune
+        if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
+            # from install() at the top, against the autotune
             from precompile_executor.helion import _warm
 
             times = _warm.warm_up_times()
@@ -446,7 +459,7 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
             lines.append(
                 f"| {scenario} | {mode} | {runs} | {_fmt(whole, '.1f')} | "
                 f"{ratio(whole, scenario, 'native-fork', 'process_s', mode)} | "
-                f"{hand if mode == 'ours-spawn' else '—'} | "
+                f"{hand if mode in ('ours-spawn', 'install-spawn') else '—'} | "
                 f"{_fmt(_median(ok, 'autotune_s'), '.1f')} | "
                 f"{_fmt(_median(ok, 'precompile_wait_s'), '.1f')} | {_warm_cell(ok)} | "
                 f"{_fmt(_median(ok, 'failures'), '.0f')} | {_fmt(best, '.4f')} | "

@@ -41,7 +41,6 @@ from precompile_executor.helion._future import HelionFuture  # noqa: E402
 from precompile_executor.triton import compile_only_driver, parse_target  # noqa: E402
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:.*TRITON_DEFAULT_FP_FUSION.*:UserWarning"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 ]
 
@@ -197,6 +196,7 @@ def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(_warm, "_default", None)
     monkeypatch.setattr(_warm, "_warming", None)
+    monkeypatch.setattr(_warm, "_early_device", None)
     try:
         yield
     finally:
@@ -243,6 +243,131 @@ def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
         stats = ex.statistics()
         assert stats.start == "template"
         assert len(ex.warm_up(timeout=WAIT_S)) == 2  # already warm: the same two workers
+
+
+_BEFORE_HELION = r"""
+import importlib.abc, importlib.util, json, os, sys, time
+
+import precompile_executor.helion as peh
+from precompile_executor.helion import _seam, _warm
+
+import psutil
+
+seen = {}
+
+
+class Spy(importlib.abc.MetaPathFinder):
+    # when this process's `import helion` has run: which of its child processes exist
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "helion":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        real = spec.loader.exec_module
+
+        def exec_module(module):
+            real(module)
+            kids = psutil.Process().children(recursive=True)
+            seen["children"] = [" ".join(p.cmdline()) for p in kids]
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, Spy())
+out = {"helion_before": "helion" in sys.modules}
+if sys.argv[1] == "refuse":
+    _seam._seam_problems = lambda: ["injected: a changed signature"]
+    try:
+        peh.install()
+    except peh.UnsupportedHelionError as error:
+        out["refused"] = str(error)
+    def left():  # the template and workers; not the process-wide helpers (trackers, guardian)
+        procs = psutil.Process().children(recursive=True)
+        helpers = ("resource_tracker", "signal.SIG_IGN")
+        return [p for p in procs if not any(h in " ".join(p.cmdline()) for h in helpers)]
+
+    deadline = time.monotonic() + 60
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    out["children_left"] = [" ".join(p.cmdline())[:200] for p in left()]
+    out["default"] = repr(_warm._default)
+else:
+    peh.install()
+    ex = _seam.current_executor()
+    # the template (a loky-started interpreter) was there while this process imported Helion
+    out["template_during_import"] = any("popen_loky" in c for c in seen["children"])
+    out["built_early"] = "built" in _warm._times
+    out["early_device"] = _warm._early_device
+    out["max_workers"] = ex.max_workers
+    out["pids"] = len(ex.warm_up(timeout=120))
+    import tests.test_helion_child as child
+
+    out["workers"] = sorted(set(ex.map(child.worker_view, range(8), timeout=120)))
+    peh.uninstall()
+    ex.shutdown()
+print(json.dumps(out))
+"""
+
+
+def _before_helion(mode: str, **env: str) -> dict[str, Any]:
+    """Run a fresh interpreter that calls ``install()`` before importing Helion; its report."""
+    import json
+
+    full = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(sys.path)}
+    if "HELION_AUTOTUNE_PRECOMPILE" not in env:
+        full.pop("HELION_AUTOTUNE_PRECOMPILE", None)  # Helion's default: fork mode
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE_HELION, mode],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+@pytest.mark.timeout(240)
+def test_install_before_helion_is_imported_warms_from_the_environment_first() -> None:
+    """``install()`` at the top of a program, spawn mode in the environment: the executor is
+    built and warming before this process imports Helion (the template imports it meanwhile),
+    with Helion's jobs and pinned to the first GPU the process sees."""
+    report = _before_helion(
+        "install",
+        HELION_AUTOTUNE_PRECOMPILE="spawn",
+        HELION_AUTOTUNE_PRECOMPILE_JOBS="2",
+        CUDA_VISIBLE_DEVICES="3,5",
+    )
+    assert report["helion_before"] is False
+    assert report["built_early"] is True and report["template_during_import"] is True
+    assert report["early_device"] == "3"
+    assert report["max_workers"] == 2 and report["pids"] == 2
+    # each worker: forked from the template that imported Helion, pinned to GPU "3"
+    assert report["workers"] == [[True, "3"]]
+
+
+@pytest.mark.timeout(240)
+def test_install_before_helion_in_fork_mode_builds_nothing_early() -> None:
+    report = _before_helion("install", HELION_AUTOTUNE_PRECOMPILE_JOBS="2")
+    assert report["built_early"] is False and report["early_device"] is None
+    assert report["template_during_import"] is False
+    assert report["max_workers"] == 2
+
+
+@pytest.mark.timeout(240)
+def test_install_before_helion_that_is_refused_leaves_nothing_built() -> None:
+    """The executor built before the check is shut down when the check refuses: no process
+    of it is left and the next install() starts from nothing."""
+    report = _before_helion(
+        "refuse", HELION_AUTOTUNE_PRECOMPILE="spawn", HELION_AUTOTUNE_PRECOMPILE_JOBS="2"
+    )
+    assert "injected: a changed signature" in report["refused"]
+    assert report["children_left"] == []
+    assert report["default"] == "None"
 
 
 def test_use_patches_and_restores_also_on_exception(executor: PrecompileExecutor) -> None:

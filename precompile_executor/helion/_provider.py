@@ -71,6 +71,9 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         if self.settings.autotune_precompile == "spawn":
             self._lease = lease_for(self.kernel.env.device)
+            mismatch = _warm.early_device_mismatch(self.kernel.env.device)
+            if mismatch is not None and _warm.is_default(_installed.current_executor()):
+                self.log.warning(mismatch)
 
     # -- measurement under the GPU lease -------------------------------------------------------
 

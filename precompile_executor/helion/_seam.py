@@ -249,11 +249,21 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
 def _install(executor: PrecompileExecutor | None) -> _Installation:
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
-    check_helion()  # before anything else: on refusal nothing is built or patched
+    from . import _warm
+
+    if executor is None and helion_version() in SUPPORTED_HELION_VERSIONS:
+        # Ahead of `import helion` (install() at the top of a program): the template imports
+        # Helion beside this process's own import (docs/helion.md, "Warm-up off the clock").
+        _warm.start_before_helion()
+    try:
+        check_helion()  # before anything is patched; on refusal nothing stays built
+    except BaseException:
+        _warm.discard_early()
+        raise
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
-    from . import _future, _warm
+    from . import _future
 
     built = executor is None
     if executor is None:

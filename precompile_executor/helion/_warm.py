@@ -12,6 +12,16 @@ settings say spawn — before Helion's baseline run and codegen, which it overla
 wait for the warm-up: its tasks start on whichever workers are ready. In fork mode the workers
 are not needed (the fork path forks the autotuning process) and nothing is warmed.
 
+**Before Helion is imported** (:func:`start_before_helion`): ``install()`` called at the top of
+a program, ahead of ``import helion``, with ``HELION_AUTOTUNE_PRECOMPILE=spawn`` in the
+environment, builds the executor from the environment alone — jobs from
+``HELION_AUTOTUNE_PRECOMPILE_JOBS`` (else the CPU count, as Helion's default), pinned to the
+first GPU this process sees (the first entry of ``CUDA_VISIBLE_DEVICES``, else GPU 0), no
+prewarm target (naming it would mean asking CUDA) — and starts warming it before this process
+imports Helion to check it: the template's ``import helion``, most of the warm-up
+(``docs/helion.md``, "Warm-up off the clock"), runs beside the program's own. If the check then
+refuses, :func:`discard_early` shuts that executor down, so a refusal leaves nothing built.
+
 Threads: builders and starters run on any thread, under ``_lock``; the warm-up thread only
 calls ``warm_up()``.
 """
@@ -20,8 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
+from typing import Any
 
 from .. import PrecompileExecutor
 from . import _installed
@@ -31,6 +43,9 @@ log = logging.getLogger("precompile_executor.helion")
 _lock = threading.Lock()
 _default: PrecompileExecutor | None = None
 _warming: threading.Thread | None = None
+_early_device: str | None = None
+"""The GPU the default executor was pinned to when :func:`start_before_helion` built it
+(``None``: it was built with Helion and torch at hand, from the current CUDA device)."""
 
 
 def default_executor() -> PrecompileExecutor:
@@ -80,22 +95,103 @@ def default_mode_is_spawn() -> bool:
 def start_default_warm_up() -> None:
     """Start warming the default executor in the background (once; a no-op if it is not the
     executor in use)."""
-    global _warming
     with _lock:
         executor = _default
         if executor is None or _warming is not None or not _installed.uses(executor):
             return
-        _warming = threading.Thread(
-            target=_warm_up,
-            args=(executor,),
-            name="precompile-executor-helion-warm-up",
-            daemon=True,
+        _start_warming(executor)
+
+
+def _start_warming(executor: PrecompileExecutor) -> None:
+    global _warming
+    _warming = threading.Thread(
+        target=_warm_up,
+        args=(executor,),
+        name="precompile-executor-helion-warm-up",
+        daemon=True,
+    )
+    _warming.start()
+
+
+SPAWN_VARIABLE = "HELION_AUTOTUNE_PRECOMPILE"
+JOBS_VARIABLE = "HELION_AUTOTUNE_PRECOMPILE_JOBS"
+
+
+def start_before_helion() -> bool:
+    """Before Helion is imported in this process: if the environment says spawn mode, build the
+    default executor from the environment and start warming it (see the module docstring).
+
+    Returns whether it did. Does nothing when Helion is imported already (the caller's
+    :func:`default_executor` then builds it from Helion's settings), when an executor was built
+    already, or when the environment says fork mode or holds a value Helion itself will refuse
+    with its own message.
+    """
+    global _default, _early_device
+    if "helion" in sys.modules or os.environ.get(SPAWN_VARIABLE, "").strip() != "spawn":
+        return False
+    jobs_text = os.environ.get(JOBS_VARIABLE, "").strip()
+    try:
+        jobs = int(jobs_text) if jobs_text else os.cpu_count() or 1
+    except ValueError:
+        return False  # Helion's Settings() raises "... must be an integer" for it
+    if jobs < 1:
+        return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    device = visible.split(",")[0].strip() if visible is not None else "0"
+    if not device or device.startswith("-"):
+        return False  # no GPU visible: nothing to pin; default_executor() decides later
+    from ._spawn_task import import_helion
+
+    with _lock:
+        if _default is not None:
+            return False
+        _default = PrecompileExecutor(
+            jobs, initializer=import_helion, initargs=(None,), devices=[device]
         )
-        _warming.start()
+        _early_device = device
+        _times["built"] = time.monotonic()
+        _start_warming(_default)
+    return True
+
+
+def discard_early() -> None:
+    """Shut down an executor :func:`start_before_helion` built (the check refused Helion)."""
+    global _default, _warming, _early_device
+    with _lock:
+        executor, thread = (_default, _warming) if _early_device is not None else (None, None)
+        if executor is None:
+            return
+        _default = _warming = _early_device = None
+    executor.shutdown(wait=True, cancel_futures=True)
+    executor.terminate_workers()
+    if thread is not None:
+        thread.join(timeout=30)
+
+
+def early_device_mismatch(kernel_device: Any) -> str | None:
+    """Why the default executor, built before Helion was imported, runs on another GPU than
+    ``kernel_device`` (a ``torch.device``), or ``None`` when it does not (or was not built so).
+
+    It was pinned to the first GPU this process sees; a kernel on ``cuda:1`` of this process
+    would have its configs run once on the other GPU (a valid check, but not on its own GPU).
+    """
+    with _lock:
+        device = _early_device
+    index = getattr(kernel_device, "index", None)
+    if device is None or getattr(kernel_device, "type", None) != "cuda" or not index:
+        return None
+    return (
+        f"precompile_executor.helion.install() was called before Helion was imported and pinned "
+        f"its spawn workers to this process's first GPU ({device}); this kernel runs on "
+        f"cuda:{index}, so its configs run once on the other GPU. Call install() after "
+        "torch.cuda.set_device(), or pass an executor of your own: install(PrecompileExecutor("
+        f"..., devices=[...]))."
+    )
 
 
 _times: dict[str, float] = {}
-"""``time.monotonic()`` when the warm-up started and ended (statistics for benchmarks)."""
+"""``time.monotonic()`` when the warm-up started and ended, and when :func:`start_before_helion`
+built the executor (statistics for benchmarks and tests)."""
 
 
 def _warm_up(executor: PrecompileExecutor) -> None:
@@ -103,7 +199,12 @@ def _warm_up(executor: PrecompileExecutor) -> None:
     try:
         executor.warm_up()
     except Exception as error:  # noqa: BLE001 - tasks start workers on demand anyway
-        log.warning("warming Helion's precompile workers failed (they start on demand): %s", error)
+        with _lock:
+            discarded = executor is not _default
+        if not discarded:  # a discarded executor's warm-up ends in an error by design
+            log.warning(
+                "warming Helion's precompile workers failed (they start on demand): %s", error
+            )
     finally:
         _times["ended"] = time.monotonic()
 
@@ -111,6 +212,12 @@ def _warm_up(executor: PrecompileExecutor) -> None:
 def warm_up_times() -> dict[str, float]:
     """When the background warm-up started and ended (``time.monotonic()``), as far as known."""
     return dict(_times)
+
+
+def is_default(executor: PrecompileExecutor) -> bool:
+    """Whether ``executor`` is the process's executor for Helion that this module built."""
+    with _lock:
+        return executor is _default
 
 
 def warming() -> bool:

@@ -1,0 +1,12 @@
+"""Module-level helpers that spawn workers of tests/test_helion.py's child interpreters import
+by name (a ``-c`` script's functions cannot be pickled by reference)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def worker_view(_: int) -> tuple[bool, str | None]:
+    """What a worker sees: whether Helion is imported in it, and its CUDA_VISIBLE_DEVICES."""
+    return "helion" in sys.modules, os.environ.get("CUDA_VISIBLE_DEVICES")
