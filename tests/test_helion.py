@@ -497,6 +497,8 @@ def _inject(bound: Any, config: Any, fault: str) -> None:
             time.sleep(600)
         if fault.startswith("sleep:"):  # a slow compile: its duration in seconds
             time.sleep(float(fault.split(":")[1]))
+        if fault.startswith("nice:"):  # write the compiling process's niceness to this file
+            Path(fault.split(":", 1)[1]).write_text(str(os.getpriority(os.PRIO_PROCESS, 0)))
         return real(*a, **k)
 
     jit.compile = faulty
@@ -518,6 +520,24 @@ def test_fork_mode_compiles_each_config_in_a_child(
         assert 0 < f.elapsed <= wall
     assert len({f.process.pid for f in futures}) == 4  # one child per config
     assert len(os.listdir(tmp_path / "triton")) >= 4  # the parent's cache was filled
+
+
+def test_fork_mode_children_compile_below_the_autotuning_process(
+    executor: PrecompileExecutor, tmp_path: Path
+) -> None:
+    """Streamed, the parent generates code and measures while children compile: they run at a
+    lower priority, so the parent's share of the CPU holds when every core compiles."""
+    from precompile_executor.helion._fork_task import NICENESS
+
+    record = tmp_path / "niceness"
+    with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
+        (config,) = _configs(bound, 1)
+        future = _create(ctx, bound, config, args)
+        _inject(bound, config, f"nice:{record}")
+        assert PrecompileFuture.wait_for_all([future]) == [True]
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert int(record.read_text()) == min(mine + NICENESS, 19) > mine
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent's own is untouched
 
 
 def test_a_config_already_compiled_is_skipped_without_a_process(

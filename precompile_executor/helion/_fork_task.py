@@ -12,13 +12,24 @@ error, asks ``classify_triton_exception`` about it and calls ``sys.exit(1)``, an
 ``classify_triton_exception`` that ``finish_it`` calls (only in this child's copy of memory) to
 keep the exception, turns the ``SystemExit`` back into it, and so the task fails with the
 compiler's own exception type and message: the parent classifies it as Helion would.
+
+The child compiles at :data:`NICENESS` below the autotuning process: streamed, the parent
+generates code and measures configs while the children compile, and with Helion's default
+``autotune_precompile_jobs`` (the CPU count) the children alone fill every core; the parent's
+work is the critical path (docs/helion.md, "Streaming").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
+
+NICENESS = 5
+"""How much lower than the autotuning process a precompile child runs (``os.nice`` increment):
+under contention the parent gets about three times a child's share of a core (CFS weights)."""
 
 
 class CompileFailed(RuntimeError):
@@ -40,6 +51,9 @@ class ForkCompile:
     def __call__(self) -> bool:
         """Compile; return True, or raise the compiler's exception."""
         from helion.runtime import precompile_shim
+
+        with contextlib.suppress(OSError):  # a sandbox may refuse; the compile still runs
+            os.nice(NICENESS)  # this child only: it exits after this one compile
 
         seen: list[BaseException] = []
         original = precompile_shim.classify_triton_exception
