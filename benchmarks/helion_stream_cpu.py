@@ -48,11 +48,10 @@ def run(mode: str, configs: int, jobs: int) -> dict[str, Any]:
     import torch
     from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
     from helion.autotuner.config_generation import ConfigGeneration
-    from helion.autotuner.logger import AutotuningLogger
-    from helion.autotuner.metrics import AutotuneMetrics
     from helion.runtime.kernel import BoundKernel
 
     import precompile_executor.helion as peh
+    from benchmarks._helion_cpu import on_the_cpu
     from precompile_executor import PrecompileExecutor
     from precompile_executor.helion import _fork_task
     from precompile_executor.helion._provider import StreamingBenchmarkProvider
@@ -80,21 +79,12 @@ def run(mode: str, configs: int, jobs: int) -> dict[str, Any]:
     matmul = _matmul()  # the H200 scenario's kernel (Helion refuses closures: module globals)
     base = LocalBenchmarkProvider if mode == "native" else StreamingBenchmarkProvider
 
-    class OnTheCpu(base):  # type: ignore[misc, valid-type]
-        def _compute_baseline(self) -> Any:
-            return None, [], None
+    def measure(config: Any) -> float:
+        x = 0
+        for i in range(WORK):
+            x += i
+        return 1.0
 
-        def _compute_effective_tolerances(self) -> tuple[float, float]:
-            return 1e-2, 1e-2
-
-        def _benchmark_function(self, config: Any, fn: Any, **kw: Any) -> float:
-            self._autotune_metrics.num_configs_tested += 1
-            x = 0
-            for i in range(WORK):
-                x += i
-            return 1.0
-
-    OnTheCpu._benchmark_function = timed("measure", OnTheCpu._benchmark_function)  # type: ignore[method-assign]
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="helion-stream-cpu-")
     x = torch.randn(512, 512, dtype=torch.float16)
     args = (x, torch.randn_like(x))
@@ -115,14 +105,7 @@ def run(mode: str, configs: int, jobs: int) -> dict[str, Any]:
         )
         if mode != "native":
             stack.enter_context(peh.use(stack.enter_context(PrecompileExecutor(jobs))))
-        provider = OnTheCpu(
-            kernel=bound,
-            settings=settings,
-            config_spec=bound.config_spec,
-            args=args,
-            log=AutotuningLogger(settings),
-            autotune_metrics=AutotuneMetrics(),
-        )
+        provider = on_the_cpu(base, bound, args, settings, timed("measure", measure))
         provider.setup()
         t0, cpu0 = time.perf_counter(), time.thread_time()
         results = provider.benchmark(chosen)

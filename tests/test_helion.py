@@ -666,31 +666,15 @@ def _interrupt_after(seconds: float) -> Any:
 def _streaming_provider(bound: Any, args: Any, measured: list[tuple[Any, float]], **settings: Any):
     """Helion's provider with ours streaming on top; only the GPU parts stand in: the baseline
     run (it launches the kernel) and the timing of one config (records when, returns 1 ms)."""
-    from helion.autotuner.metrics import AutotuneMetrics
-
+    from benchmarks._helion_cpu import on_the_cpu
     from precompile_executor.helion._provider import StreamingBenchmarkProvider
 
-    class OnTheCpu(StreamingBenchmarkProvider):  # type: ignore[misc]
-        def _compute_baseline(self) -> Any:
-            return None, [], None
-
-        def _compute_effective_tolerances(self) -> tuple[float, float]:
-            return 1e-2, 1e-2
-
-        def _benchmark_function(self, config: Any, fn: Any, **kw: Any) -> float:
-            self._autotune_metrics.num_configs_tested += 1
-            measured.append((config, time.time()))
-            return 1.0
+    def measure(config: Any) -> float:
+        measured.append((config, time.time()))
+        return 1.0
 
     s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False, **settings)
-    return OnTheCpu(
-        kernel=bound,
-        settings=s,
-        config_spec=bound.config_spec,
-        args=args,
-        log=AutotuningLogger(s),
-        autotune_metrics=AutotuneMetrics(),
-    )
+    return on_the_cpu(StreamingBenchmarkProvider, bound, args, s, measure)
 
 
 @pytest.mark.timeout(240)

@@ -1,0 +1,38 @@
+"""A Helion benchmark provider whose GPU parts stand in, for runs on a machine without a GPU
+(tests/test_helion.py's streaming tests, benchmarks/helion_stream_cpu.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def on_the_cpu(
+    base: type, bound: Any, args: Sequence[Any], settings: Any, measure: Callable[[Any], float]
+) -> Any:
+    """An instance of a subclass of the provider class ``base`` (Helion's
+    ``LocalBenchmarkProvider`` or ours) for the bound kernel: no baseline run (it launches the
+    kernel), fixed accuracy tolerances, and each config's timing is ``measure(config)`` (ms).
+    Everything else — codegen, precompile, statuses, metrics — is the real provider's."""
+    from helion.autotuner.logger import AutotuningLogger
+    from helion.autotuner.metrics import AutotuneMetrics
+
+    class OnTheCpu(base):  # type: ignore[misc, valid-type]
+        def _compute_baseline(self) -> Any:
+            return None, [], None
+
+        def _compute_effective_tolerances(self) -> tuple[float, float]:
+            return 1e-2, 1e-2
+
+        def _benchmark_function(self, config: Any, fn: Any, **kw: Any) -> float:
+            self._autotune_metrics.num_configs_tested += 1
+            return measure(config)
+
+    return OnTheCpu(
+        kernel=bound,
+        settings=settings,
+        config_spec=bound.config_spec,
+        args=args,
+        log=AutotuningLogger(settings),
+        autotune_metrics=AutotuneMetrics(),
+    )
