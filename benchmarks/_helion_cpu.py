@@ -8,18 +8,27 @@ from typing import Any
 
 
 def on_the_cpu(
-    base: type, bound: Any, args: Sequence[Any], settings: Any, measure: Callable[[Any], float]
+    base: type,
+    bound: Any,
+    args: Sequence[Any],
+    settings: Any,
+    measure: Callable[[Any], float],
+    reference: Callable[[Sequence[Any]], Any] | None = None,
 ) -> Any:
     """An instance of a subclass of the provider class ``base`` (Helion's
-    ``LocalBenchmarkProvider`` or ours) for the bound kernel: no baseline run (it launches the
-    kernel), fixed accuracy tolerances, and each config's timing is ``measure(config)`` (ms).
-    Everything else — codegen, precompile, statuses, metrics — is the real provider's."""
+    ``LocalBenchmarkProvider`` or ours) for the bound kernel: the baseline's reference run (it
+    launches the kernel) is ``reference(cloned args)`` (default: no output), the accuracy
+    tolerances are fixed, and each config's timing is ``measure(config)`` (ms). Everything else
+    — the baseline's bookkeeping, codegen, precompile, statuses, metrics — is the real
+    provider's."""
+    from helion.autotuner.benchmark_provider import _clone_args
     from helion.autotuner.logger import AutotuningLogger
     from helion.autotuner.metrics import AutotuneMetrics
 
     class OnTheCpu(base):  # type: ignore[misc, valid-type]
-        def _compute_baseline(self) -> Any:
-            return None, [], None
+        def _compute_reference_baseline(self) -> Any:
+            cloned = _clone_args(self.args, None)
+            return (reference(cloned) if reference is not None else None), cloned
 
         def _compute_effective_tolerances(self) -> tuple[float, float]:
             return 1e-2, 1e-2

@@ -38,6 +38,7 @@ only and is reported in the output when used.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -244,6 +245,7 @@ def run_scenario(
 ) -> dict[str, Any]:
     """Autotune once under ``mode``; return the measurements (the parent times the process)."""
     import torch
+    from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
     from helion.autotuner.metrics import register_post_autotune_hook
     from helion.autotuner.precompile_future import PrecompileFuture
     from helion.autotuner.random_search import RandomSearch
@@ -316,6 +318,7 @@ def run_scenario(
 
         waits: list[float] = []
         failures: list[int] = []
+        failed: list[dict[str, Any]] = []
         real_wait = PrecompileFuture.__dict__["wait_for_all"].__func__
 
         def timed_wait(futures: list[Any], desc: str | None = None) -> list[bool]:
@@ -326,8 +329,28 @@ def run_scenario(
                 waits.append(time.perf_counter() - t)
                 del streamed[before:]  # a batch not streamed: already counted here
             failures.append(ok.count(False))
+            for f, good in zip(futures, ok, strict=True):
+                if not good and len(failed) < 60:
+                    failed.append(_failure(f))
             return ok
 
+        # Each config's final status (Helion 1.5.1's fork child reports a failed compile as ok:
+        # the parent compiles it again and the benchmark records the error).
+        statuses: collections.Counter[str] = collections.Counter()
+        real_benchmark = LocalBenchmarkProvider.__dict__["benchmark"]
+        depth = [0]
+
+        def counted(self: Any, configs: Any, **kw: Any) -> Any:
+            depth[0] += 1
+            try:
+                results = real_benchmark(self, configs, **kw)
+            finally:
+                depth[0] -= 1
+            if not depth[0]:
+                statuses.update(str(r.status) for r in results)
+            return results
+
+        LocalBenchmarkProvider.benchmark = counted  # type: ignore[method-assign]
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
         _future.Stream.close = timed_close  # type: ignore[method-assign]
         phases: dict[str, list[float]] = {}
@@ -339,6 +362,7 @@ def run_scenario(
         finally:
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
             _future.Stream.close = real_close  # type: ignore[method-assign]
+            LocalBenchmarkProvider.benchmark = real_benchmark  # type: ignore[method-assign]
         out["autotune_s"] = time.perf_counter() - t0
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
@@ -351,6 +375,8 @@ def run_scenario(
                 out["warm_up_ended_after_use_s"] = times["ended"] - t_use
             out["autotune_started_after_use_s"] = time.monotonic() - t_use - out["autotune_s"]
     out.update(precompile_wait_s=sum(waits) + sum(streamed), failures=sum(failures))
+    out["failed"] = failed
+    out["statuses"] = dict(statuses)
     out["streamed_batches"] = len(streamed)
     out["best_config"] = str(best)
     if metrics:
@@ -359,6 +385,20 @@ def run_scenario(
     ref = torch.softmax(args[0].float(), dim=1).half() if scenario == "skew" else args[0] @ args[1]
     torch.testing.assert_close(kernel(*args), ref, rtol=2e-2, atol=2e-1)
     return out
+
+
+def _failure(future: Any) -> dict[str, Any]:
+    """What one failed precompile was (ours: ``error``; Helion's: ``remote_error``)."""
+    error = getattr(future, "error", None) or getattr(future, "remote_error", None)
+    kind = getattr(error, "exc_type", None) or (type(error).__name__ if error else None)
+    text = str(getattr(error, "exc_args", None) or error or "")
+    return {
+        "reason": future.failure_reason,
+        "elapsed_s": round(future.elapsed, 2) if future.process is not None else None,
+        "error": kind,
+        "message": " ".join(text.split())[:240],
+        "config": str(future.config)[:400],
+    }
 
 
 # -- the run (parent process) ----------------------------------------------------------------------

@@ -663,9 +663,16 @@ def _interrupt_after(seconds: float) -> Any:
 # -- streaming: each config benchmarked as its precompile lands --------------------------------
 
 
-def _streaming_provider(bound: Any, args: Any, measured: list[tuple[Any, float]], **settings: Any):
-    """Helion's provider with ours streaming on top; only the GPU parts stand in: the baseline
-    run (it launches the kernel) and the timing of one config (records when, returns 1 ms)."""
+def _streaming_provider(
+    bound: Any,
+    args: Any,
+    measured: list[tuple[Any, float]],
+    reference: Any = None,
+    **settings: Any,
+):
+    """Helion's provider with ours streaming on top; only the GPU parts stand in: the baseline's
+    reference run (it launches the kernel: ``reference(cloned args)``) and the timing of one
+    config (records when, returns 1 ms)."""
     from benchmarks._helion_cpu import on_the_cpu
     from precompile_executor.helion._provider import StreamingBenchmarkProvider
 
@@ -674,7 +681,7 @@ def _streaming_provider(bound: Any, args: Any, measured: list[tuple[Any, float]]
         return 1.0
 
     s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False, **settings)
-    return on_the_cpu(StreamingBenchmarkProvider, bound, args, s, measure)
+    return on_the_cpu(StreamingBenchmarkProvider, bound, args, s, measure, reference)
 
 
 @pytest.mark.timeout(240)
@@ -753,6 +760,123 @@ def test_streaming_a_raise_verdict_aborts_the_batch_and_kills_the_rest(tmp_path:
             provider.cleanup()
     assert measured == []
     # the two hanging children were killed: the autouse leak check of conftest.py sees to it
+
+
+def _slow_configs(bound: Any, args: Any, ctx: Any, faults: list[str]) -> list[Any]:
+    from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+    configs = _configs(bound, len(faults))
+    for config, fault in zip(configs, faults, strict=True):
+        fn = bound.compile_config(config)
+        _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
+        _inject(bound, config, fault)
+    return configs
+
+
+@pytest.mark.timeout(240)
+def test_fork_mode_baseline_runs_while_the_first_batch_compiles(tmp_path: Path) -> None:
+    """Helion runs its baseline when the provider is built; ours runs it in the first batch,
+    after the precompiles started and before the first measurement — once, with Helion's own
+    bookkeeping (the mutated arguments it shows, the set-up that needs it)."""
+    measured: list[tuple[Any, float]] = []
+    baselines: list[float] = []
+
+    def reference(cloned: Any) -> Any:
+        baselines.append(time.time())
+        cloned[0].add_(1)  # mutates its first argument: Helion must see it
+        return cloned[0] + cloned[1]
+
+    with (
+        PrecompileExecutor(2) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        before = [a.clone() for a in args]
+        configs = _slow_configs(bound, args, ctx, ["sleep:2", "sleep:2", "none"])
+        provider = _streaming_provider(
+            bound, args, measured, reference, autotune_precompile_jobs=2
+        )
+        provider.setup()
+        assert baselines == []  # not at construction nor at set-up
+        seen: list[Any] = []
+        real_add = peh._future.Stream.add
+
+        def add(stream: Any, hf: Any) -> None:
+            seen.append(hf)
+            real_add(stream, hf)
+
+        peh._future.Stream.add = add
+        try:
+            results = provider.benchmark(configs)
+        finally:
+            peh._future.Stream.add = real_add
+            provider.cleanup()
+    assert [r.status for r in results] == ["ok", "ok", "ok"]
+    assert len(baselines) == 1
+    assert len(seen) == 3 and seen[0].start_time is not None
+    assert seen[0].start_time < baselines[0] < min(t for _, t in measured)
+    assert baselines[0] < seen[0].end_time  # the children were compiling meanwhile
+    assert list(provider.mutated_arg_indices) == [0]
+    for a, b in zip(args, before, strict=True):
+        assert torch.equal(a, b)  # the caller's tensors: untouched by the precompiles
+
+
+@pytest.mark.timeout(240)
+def test_fork_mode_a_failing_deferred_baseline_raises_and_kills_the_batch(tmp_path: Path) -> None:
+    measured: list[tuple[Any, float]] = []
+
+    def reference(cloned: Any) -> Any:
+        raise RuntimeError("the reference run failed")
+
+    with (
+        PrecompileExecutor(2) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _slow_configs(bound, args, ctx, ["hang", "hang"])
+        provider = _streaming_provider(
+            bound, args, measured, reference, autotune_precompile_jobs=2
+        )
+        provider.setup()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(RuntimeError, match="the reference run failed"):
+                provider.benchmark(configs)
+            with pytest.raises(RuntimeError, match="the reference run failed"):
+                provider.mutated_arg_indices  # noqa: B018 -- read again: raises again
+        finally:
+            provider.cleanup()
+    assert time.monotonic() - t0 < 60  # the hanging children were killed, not waited for
+    assert measured == []
+
+
+@pytest.mark.parametrize("why", ["spawn", "large"])
+def test_the_baseline_runs_at_construction_when_it_cannot_wait(
+    why: str, executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawn mode sizes its jobs from the baseline's output; tensors over the copy limit would
+    need a scratch copy: both keep Helion's order."""
+    from benchmarks._helion_cpu import on_the_cpu
+    from precompile_executor.helion import _provider
+
+    ran: list[bool] = []
+    if why == "large":
+        monkeypatch.setattr(_provider, "DEFERRED_BASELINE_MAX_BYTES", 1)
+    args = _args()
+    with compile_only_driver(parse_target("cuda:90")), peh.use(executor):
+        bound = _add().bind(args)
+        s = helion.Settings(
+            autotune_precompile="spawn" if why == "spawn" else "fork", autotune_progress_bar=False
+        )
+        on_the_cpu(
+            _provider.StreamingBenchmarkProvider,
+            bound,
+            args,
+            s,
+            lambda c: 1.0,
+            lambda cloned: ran.append(True),
+        )
+    assert ran == [True]
 
 
 def test_every_search_gets_the_streaming_provider(executor: PrecompileExecutor) -> None:

@@ -21,6 +21,13 @@ time, so its classification, status, compile time (which feeds the adaptive comp
 accuracy check and metrics are Helion's. A "raise"-verdict precompile aborts the batch as in
 Helion (the stream kills the rest); a timeout stays a timeout.
 
+The baseline while the first batch compiles (fork mode): Helion runs its accuracy baseline (the
+reference config, compiled and run) when the provider is built, before the search has chosen a
+config. Here it runs inside the first ``benchmark``, after that batch's precompiles are submitted
+and before its first measurement, so the children compile meanwhile. Every attribute Helion
+derives from the run reads through :class:`_AfterBaseline`: whoever needs one first (Helion's own
+code included) runs the baseline then.
+
 Timing integrity: in spawn mode our workers run configs on the GPU while Helion measures; each
 measurement (``_benchmark_function`` and ``benchmark_isolated``) holds the GPU's exclusive lease
 (``_lease``), each worker run a shared one.
@@ -44,6 +51,7 @@ from typing import Any
 from helion.autotuner.benchmark_provider import (
     BenchmarkResult,
     LocalBenchmarkProvider,
+    _clone_args,
     _searching_candidates,
     _unset_fn,
 )
@@ -52,6 +60,31 @@ from helion.autotuner.progress_bar import iter_with_progress
 
 from . import _future, _installed, _warm
 from ._lease import GpuLease, lease_for
+
+DEFERRED_BASELINE_MAX_BYTES = 1 << 30
+"""Largest total size of the kernel's tensor arguments for which the baseline is deferred: the
+first batch's precompiles run the host code on one scratch copy of them (Helion copies only the
+arguments that the baseline run showed mutated, which is not known yet)."""
+
+
+class _AfterBaseline:
+    """An attribute Helion computes from the baseline run (the reference output, the mutated
+    arguments, the tolerances): reading it runs a deferred baseline first."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._key = f"_after_baseline_{name}"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        obj._run_deferred_baseline()
+        try:
+            return obj.__dict__[self._key]
+        except KeyError:
+            raise AttributeError(self._key.removeprefix("_after_baseline_")) from None
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self._key] = value
 
 
 class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
@@ -62,18 +95,77 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
     it. Precompiles run on the installed executor.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    _baseline_output = _AfterBaseline()
+    mutated_arg_indices = _AfterBaseline()
+    _baseline_post_args = _AfterBaseline()
+    _effective_atol = _AfterBaseline()
+    _effective_rtol = _AfterBaseline()
+
+    def __init__(
+        self,
+        kernel: Any,
+        settings: Any,
+        config_spec: Any,
+        args: Sequence[object],
+        log: Any,
+        autotune_metrics: Any,
+    ) -> None:
         self._prepared_futures: dict[int, Any] = {}
         self._lease: GpuLease | None = None
-        settings = kwargs.get("settings")
-        if settings is not None and settings.autotune_precompile == "spawn":
+        self._baseline_deferred = _defers_baseline(settings, args)
+        self._setup_deferred = False
+        if settings.autotune_precompile == "spawn":
             _warm.start_default_warm_up()  # overlaps the baseline run and codegen below
-        super().__init__(*args, **kwargs)
+        super().__init__(
+            kernel=kernel,
+            settings=settings,
+            config_spec=config_spec,
+            args=args,
+            log=log,
+            autotune_metrics=autotune_metrics,
+        )
         if self.settings.autotune_precompile == "spawn":
             self._lease = lease_for(self.kernel.env.device)
             mismatch = _warm.early_device_mismatch(self.kernel.env.device)
             if mismatch is not None and _warm.is_default(_installed.current_executor()):
                 self.log.warning(mismatch)
+
+    # -- the baseline, deferred in fork mode -----------------------------------------------------
+
+    def _compute_baseline(self) -> Any:
+        if self._baseline_deferred:  # placeholders until _run_deferred_baseline
+            return None, (), None
+        return super()._compute_baseline()
+
+    def _compute_effective_tolerances(self) -> Any:
+        if self._baseline_deferred:
+            return None, None
+        return super()._compute_effective_tolerances()
+
+    def setup(self) -> None:
+        if self._baseline_deferred:  # Helion's setup reads the baseline: it follows the run
+            self._setup_deferred = True
+            return
+        super().setup()
+
+    def _run_deferred_baseline(self) -> None:
+        """Run Helion's baseline now if it was deferred, and the set-up that waited for it."""
+        if not self.__dict__.get("_baseline_deferred"):
+            return
+        self._baseline_deferred = False
+        try:
+            (
+                self._baseline_output,
+                self.mutated_arg_indices,
+                self._baseline_post_args,
+            ) = self._compute_baseline()
+            self._effective_atol, self._effective_rtol = self._compute_effective_tolerances()
+        except BaseException:
+            self._baseline_deferred = True  # the next reader raises again, as Helion's would
+            raise
+        if self._setup_deferred:
+            self._setup_deferred = False
+            super().setup()
 
     # -- measurement under the GPU lease -------------------------------------------------------
 
@@ -116,6 +208,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
     ) -> list[Any]:
         """Helion's ``benchmark``, each config benchmarked as soon as its precompile lands."""
         if not self._streams(configs):
+            self._run_deferred_baseline()
             return list(
                 super().benchmark(
                     configs, desc=desc, raise_if_no_viable_config=raise_if_no_viable_config
@@ -128,6 +221,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         ):
             compiled, failed = self._codegen_and_submit(configs, stream)
             stream.close_input()
+            self._run_deferred_baseline()  # while the children compile
             if not compiled:
                 # Nothing compiled: exactly Helion's batch (its no-viable-config rule included).
                 return list(
@@ -177,6 +271,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         into precompile); return the futures by index and the indices that failed codegen."""
         futures: dict[int, Any] = {}
         failed: list[int] = []
+        scratch: Sequence[object] | None = None
         for i, config in enumerate(configs):
             if self._budget_exceeded_synced():
                 break
@@ -186,11 +281,30 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
             except Exception:
                 failed.append(i)  # Helion's own benchmark() of it logs the failure
                 continue
-            future = super()._create_precompile_future(config, fn)
+            if self._baseline_deferred:
+                if scratch is None:
+                    scratch = _clone_args(self.args, self.kernel.env.process_group_name)
+                future = self._precompile_future_on(scratch, config, fn)
+            else:
+                future = super()._create_precompile_future(config, fn)
             if isinstance(future, _future.HelionFuture) and future.ok is None:
                 stream.add(future)
             futures[i] = future
         return futures, failed
+
+    def _precompile_future_on(self, args: Sequence[object], config: Any, fn: Any) -> Any:
+        """Helion's ``_create_precompile_future`` in fork mode, before the baseline has shown
+        which arguments the kernel mutates: its host code runs on ``args``, a scratch copy."""
+        from helion.autotuner.precompile_future import PrecompileFuture
+
+        return PrecompileFuture.create(
+            ctx=self._precompile_context(),
+            config=config,
+            fn=fn,
+            args=args,
+            result_path=self._next_precompile_result_path(),
+            args_path=None,
+        )
 
     def _ready_first(
         self, futures: dict[int, Any], stream: _future.Stream
@@ -224,3 +338,18 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
             return
         with _future.shared_args(self.args) as shared:
             yield shared
+
+
+def _defers_baseline(settings: Any, args: Sequence[object]) -> bool:
+    """Whether the provider runs Helion's baseline inside its first batch (fork mode, streamed,
+    tensor arguments small enough to copy once): see the module's docstring."""
+    import torch
+    import torch.distributed as dist
+    from torch.utils._pytree import tree_leaves
+
+    if settings.autotune_precompile != "fork" or not _installed.installed():
+        return False
+    if dist.is_initialized() or not isinstance(args, (tuple, list)):
+        return False
+    size = sum(t.nbytes for t in tree_leaves(list(args)) if isinstance(t, torch.Tensor))
+    return size <= DEFERRED_BASELINE_MAX_BYTES

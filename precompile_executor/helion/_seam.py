@@ -60,6 +60,7 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.benchmark_provider", "_unset_fn"),
     ("helion.autotuner.logger", "capture_output"),
     ("helion.runtime.triton.launcher", "compile_only_launch_args"),
+    ("helion.autotuner.benchmark_provider", "_clone_args"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
 # ``*`` marks where keyword-only parameters start.
@@ -80,7 +81,21 @@ _PROVIDER_METHODS = {
     ),
     "_create_precompile_future": ("self", "config", "fn"),
     "_budget_exceeded_synced": ("self",),
+    "_compute_baseline": ("self",),
+    "_compute_effective_tolerances": ("self",),
+    "setup": ("self",),
+    "_precompile_context": ("self",),
+    "_next_precompile_result_path": ("self",),
 }
+# What LocalBenchmarkProvider derives from its baseline run (in __init__): the provider defers
+# the run in fork mode and computes these on first use (_provider, "the baseline").
+_AFTER_BASELINE = (
+    "_baseline_output",
+    "mutated_arg_indices",
+    "_baseline_post_args",
+    "_effective_atol",
+    "_effective_rtol",
+)
 # Names these functions' code must still use: how the provider is chosen and reached.
 _CODE_USES = (
     ("helion.autotuner.base_search", "BaseSearch", "__init__", "_benchmark_provider_cls"),
@@ -103,6 +118,15 @@ _CODE_USES = (
         "LocalBenchmarkProvider",
         "benchmark",
         "_benchmark_function",
+    ),
+    # the baseline's results, set in __init__ and deferred by the provider in fork mode
+    *(
+        ("helion.autotuner.benchmark_provider", "LocalBenchmarkProvider", "__init__", name)
+        for name in (
+            "_compute_baseline",
+            "_compute_effective_tolerances",
+            *_AFTER_BASELINE,
+        )
     ),
 )
 
