@@ -27,7 +27,9 @@ Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user 
 
 Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
 (inside ``PrecompileFuture.wait_for_all``, and streamed: for the next one to land), failed
-precompiles, the best config and its time. A run that fails or passes ``--timeout`` is
+precompiles (and, in the ``--out`` rows, each one's reason, error and config), every config's
+final status (Helion's fork child reports a compile ptxas rejects as ok: its config then fails
+in the benchmark), the best config and its time. A run that fails or passes ``--timeout`` is
 reported as such; the others still run.
 
 On torch builds whose ``torch._inductor.runtime.triton_compat`` lacks ``IntelGPUError`` (torch

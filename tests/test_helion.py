@@ -793,9 +793,7 @@ def test_fork_mode_baseline_runs_while_the_first_batch_compiles(tmp_path: Path) 
     ):
         before = [a.clone() for a in args]
         configs = _slow_configs(bound, args, ctx, ["sleep:2", "sleep:2", "none"])
-        provider = _streaming_provider(
-            bound, args, measured, reference, autotune_precompile_jobs=2
-        )
+        provider = _streaming_provider(bound, args, measured, reference, autotune_precompile_jobs=2)
         provider.setup()
         assert baselines == []  # not at construction nor at set-up
         seen: list[Any] = []
@@ -834,9 +832,7 @@ def test_fork_mode_a_failing_deferred_baseline_raises_and_kills_the_batch(tmp_pa
         peh.use(executor),
     ):
         configs = _slow_configs(bound, args, ctx, ["hang", "hang"])
-        provider = _streaming_provider(
-            bound, args, measured, reference, autotune_precompile_jobs=2
-        )
+        provider = _streaming_provider(bound, args, measured, reference, autotune_precompile_jobs=2)
         provider.setup()
         t0 = time.monotonic()
         try:
