@@ -27,7 +27,9 @@ Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user 
 
 Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
 (inside ``PrecompileFuture.wait_for_all``, and streamed: for the next one to land), failed
-precompiles (and, in the ``--out`` rows, each one's reason, error and config), every config's
+precompiles (and, in the ``--out`` rows, each one's reason, error and config, and every
+precompile's compile time as ``[batch, seconds, ok]``: how long a batch's slowest compile held
+it, and what another order of submission could give), every config's
 final status (Helion's fork child reports a compile ptxas rejects as ok: its config then fails
 in the benchmark), the best config and its time. A run that fails or passes ``--timeout`` is
 reported as such; the others still run.
@@ -321,6 +323,7 @@ def run_scenario(
         waits: list[float] = []
         failures: list[int] = []
         failed: list[dict[str, Any]] = []
+        compiles: list[list[Any]] = []
         real_wait = PrecompileFuture.__dict__["wait_for_all"].__func__
 
         def timed_wait(futures: list[Any], desc: str | None = None) -> list[bool]:
@@ -334,6 +337,9 @@ def run_scenario(
             for f, good in zip(futures, ok, strict=True):
                 if not good and len(failed) < 60:
                     failed.append(_failure(f))
+                if f.process is not None:  # ran in a process: its compile time, by batch
+                    batch = phases.get("batches", [0.0, 0])[1]  # batches finished so far
+                    compiles.append([int(batch), round(f.elapsed, 3), bool(good)])
             return ok
 
         # Each config's final status (Helion 1.5.1's fork child reports a failed compile as ok:
@@ -378,6 +384,7 @@ def run_scenario(
             out["autotune_started_after_use_s"] = time.monotonic() - t_use - out["autotune_s"]
     out.update(precompile_wait_s=sum(waits) + sum(streamed), failures=sum(failures))
     out["failed"] = failed
+    out["compiles"] = compiles
     out["statuses"] = dict(statuses)
     out["streamed_batches"] = len(streamed)
     out["best_config"] = str(best)

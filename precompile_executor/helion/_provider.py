@@ -178,6 +178,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
             return float(super()._benchmark_function(config, fn, **kwargs))
 
     def benchmark_isolated(self, fns: list[Callable[..., object]], **kwargs: Any) -> Any:
+        self._run_deferred_baseline()  # its benchmark worker needs Helion's set-up
         with self._measuring():
             return super().benchmark_isolated(fns, **kwargs)
 
