@@ -20,7 +20,9 @@ Modes (``--modes`` picks): ``native-fork`` (Helion alone, its default), ``ours-f
 the background), ``install-spawn`` (``install()`` as the program's first line, before Helion and
 torch are imported: the executor is built from the environment and its template imports Helion
 beside the program's own imports), ``ours-fork-nonice`` (``ours-fork`` with the precompile
-children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``hand-spawn`` (the best
+children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``ours-fork-batched``
+(each batch's code generated first, then its children forked back to back: the A/B of
+``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best
 hand-tuned set-up: ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,),
 devices=[0])``, ``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
@@ -56,9 +58,16 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "skew": ("native-fork", "ours-fork"),
-    "matmul": ("native-fork", "ours-fork", "ours-spawn", "install-spawn", "hand-spawn"),
-    "lfbo": ("native-fork", "ours-fork", "ours-fork-nonice", "ours-spawn"),
+    "skew": ("native-fork", "ours-fork", "ours-fork-batched"),
+    "matmul": (
+        "native-fork",
+        "ours-fork",
+        "ours-fork-batched",
+        "ours-spawn",
+        "install-spawn",
+        "hand-spawn",
+    ),
+    "lfbo": ("native-fork", "ours-fork", "ours-fork-nonice", "ours-fork-batched", "ours-spawn"),
 }
 """Each scenario's modes (``--modes`` narrows them); ratios are to native-fork, and ours-spawn's
 and install-spawn's also to hand-spawn."""
@@ -271,6 +280,10 @@ def run_scenario(
                 from precompile_executor.helion import _fork_task
 
                 _fork_task.NICENESS = 0
+            if mode == "ours-fork-batched":  # the A/B of forking a batch's children back to back
+                from precompile_executor.helion import _provider
+
+                _provider.FORKS_AFTER_CODEGEN = True
             stack.enter_context(use())
         elif mode == "hand-spawn":
             ex = stack.enter_context(

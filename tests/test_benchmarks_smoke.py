@@ -116,3 +116,17 @@ def test_scenario_9_extracts_only_the_package_of_the_revision(tmp_path: Path) ->
     assert short.startswith("333c6ad")
     assert (tmp_path / "precompile_executor" / "__init__.py").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precompile_executor"]
+
+
+@pytest.mark.timeout(180)
+def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fork_cow_probe", "--forks", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]

@@ -846,6 +846,51 @@ def test_fork_mode_a_failing_deferred_baseline_raises_and_kills_the_batch(tmp_pa
     assert measured == []
 
 
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.timeout(240)
+def test_fork_mode_forks_as_each_config_is_generated_or_after_the_batch(
+    batched: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default each config's child is forked as soon as its code exists; with
+    ``FORKS_AFTER_CODEGEN`` every config is generated first and the children are forked back to
+    back (each fork makes the parent's pages copy-on-write again: docs/helion.md)."""
+    from precompile_executor.helion import _provider
+
+    monkeypatch.setattr(_provider, "FORKS_AFTER_CODEGEN", batched)
+    events: list[str] = []
+    with (
+        PrecompileExecutor(3) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        configs = _configs(bound, 3)
+        provider = _streaming_provider(bound, args, [], autotune_precompile_jobs=3)
+        provider.setup()
+        real_codegen = bound.compile_config
+        real_add = peh._future.Stream.add
+
+        def codegen(config: Any, **kw: Any) -> Any:
+            events.append("codegen")
+            return real_codegen(config, **kw)
+
+        def add(stream: Any, hf: Any) -> None:
+            events.append("fork")
+            real_add(stream, hf)
+
+        monkeypatch.setattr(bound, "compile_config", codegen)
+        monkeypatch.setattr(peh._future.Stream, "add", add)
+        try:
+            results = provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+    assert [r.status for r in results] == ["ok", "ok", "ok"]
+    first = events[: events.index("fork", events.index("fork") + 1) + 1]  # up to the 2nd fork
+    if batched:
+        assert first == ["codegen", "codegen", "codegen", "fork", "fork"]
+    else:
+        assert first == ["codegen", "fork", "codegen", "fork"]
+
+
 @pytest.mark.parametrize("why", ["spawn", "large"])
 def test_the_baseline_runs_at_construction_when_it_cannot_wait(
     why: str, executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch

@@ -67,6 +67,15 @@ first batch's precompiles run the host code on one scratch copy of them (Helion 
 arguments that the baseline run showed mutated, which is not known yet)."""
 
 
+FORKS_AFTER_CODEGEN = False
+"""Fork mode: ``True`` generates (and prepares) every config of a batch first and then forks the
+children back to back; ``False`` (the default) forks each config's child as soon as its code
+exists. Each fork makes the autotuning process's pages copy-on-write again, so its Python work
+between forks (codegen) pays a page fault on each page it then writes — back-to-back forks pay
+that once, but start the compiles later (docs/helion.md, "Streaming"; the A/B:
+``benchmarks/helion_stream_cpu``, ``helion_bench``'s ``ours-fork-batched`` mode)."""
+
+
 class _AfterBaseline:
     """An attribute Helion computes from the baseline run (the reference output, the mutated
     arguments, the tolerances): reading it runs a deferred baseline first."""
@@ -273,6 +282,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         futures: dict[int, Any] = {}
         failed: list[int] = []
         scratch: Sequence[object] | None = None
+        forks: list[_future.HelionFuture] = []
         for i, config in enumerate(configs):
             if self._budget_exceeded_synced():
                 break
@@ -289,8 +299,13 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
             else:
                 future = super()._create_precompile_future(config, fn)
             if isinstance(future, _future.HelionFuture) and future.ok is None:
-                stream.add(future)
+                if future.path == "fork" and FORKS_AFTER_CODEGEN:
+                    forks.append(future)
+                else:
+                    stream.add(future)
             futures[i] = future
+        for future in forks:  # back to back: see FORKS_AFTER_CODEGEN
+            stream.add(future)
         return futures, failed
 
     def _precompile_future_on(self, args: Sequence[object], config: Any, fn: Any) -> Any:
