@@ -278,7 +278,8 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         self, configs: Sequence[Any], stream: _future.Stream
     ) -> tuple[dict[int, Any], list[int]]:
         """Generate each config's code and submit its precompile at once (codegen pipelined
-        into precompile); return the futures by index and the indices that failed codegen."""
+        into precompile; fork-mode children after the whole batch with ``FORKS_AFTER_CODEGEN``);
+        return the futures by index and the indices that failed codegen."""
         futures: dict[int, Any] = {}
         failed: list[int] = []
         scratch: Sequence[object] | None = None
