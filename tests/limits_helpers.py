@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import psutil
@@ -92,8 +93,10 @@ def _executor_processes(me: psutil.Process) -> list[str]:
 
 def terminate_leaves_nothing(start: str) -> None:
     """Faults on two workers, then ``terminate_workers()``: report the executor's processes and
-    the thread count (``threading`` and the kernel's) seen within 5 s after it returns."""
+    the thread count (``threading`` and the kernel's) seen within the kill path's own bound after
+    it returns (``_process.KILL_GRACE_S`` + 10 s), and the stacks of executor threads left."""
     from precompile_executor import PrecompileExecutor
+    from precompile_executor._process import KILL_GRACE_S
 
     baseline = threading.active_count()
     native_baseline = len(os.listdir("/proc/self/task"))
@@ -112,7 +115,9 @@ def terminate_leaves_nothing(start: str) -> None:
     futures.append(ex.submit(segfault))
     futures[-1].exception(timeout=60)
     ex.terminate_workers()
-    end = time.monotonic() + 5.0
+    # A kill job may run KILL_GRACE_S plus kill_group's 5 s wait for a SIGKILLed member that is
+    # slow to die (a task still faulting in memory); leftovers past that are leaks.
+    end = time.monotonic() + KILL_GRACE_S + 10.0
     while True:
         procs = _executor_processes(me)
         threads = threading.active_count() - baseline
@@ -121,7 +126,15 @@ def terminate_leaves_nothing(start: str) -> None:
             break
         time.sleep(0.05)
     names = sorted(t.name for t in threading.enumerate())
-    _result({"processes": procs, "threads": threads, "native": native, "names": names})
+    frames = sys._current_frames()
+    stacks = {  # what a thread that did not end was doing
+        t.name: "".join(traceback.format_stack(frames[t.ident])[-4:])
+        for t in threading.enumerate()
+        if t.ident in frames and t.name.startswith("precompile-job")
+    }
+    _result(
+        {"processes": procs, "threads": threads, "native": native, "names": names, "stacks": stacks}
+    )
     os._exit(0)
 
 

@@ -66,11 +66,12 @@ def test_warm_workers_do_not_hold_the_callers_resource_tracker(start: str) -> No
 
 @pytest.mark.parametrize("start", STARTS)
 def test_terminate_workers_leaves_no_process_and_only_the_monitor(start: str) -> None:
-    """After faults and ``terminate_workers()``, within 5 s: no process of the executor (the
-    warm template included) and no thread beyond the baseline and the monitor."""
+    """After faults and ``terminate_workers()``, within the kill path's bound (a SIGKILLed
+    member may take kill_group's 5 s to go): no process of the executor (the warm template
+    included) and no thread beyond the baseline and the monitor."""
     result = _fresh("terminate_leaves_nothing", start)
     assert result["processes"] == [], result
-    assert result["threads"] <= 1, result["names"]
+    assert result["threads"] <= 1, (result["names"], result["stacks"])
     assert result["native"] <= 1, result["names"]
     assert "precompile-monitor" in result["names"]
 
