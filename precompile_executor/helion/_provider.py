@@ -9,6 +9,7 @@ a ``LocalBenchmarkProvider`` whose ``benchmark`` pipelines the three phases::
     codegen config 0 ─ submit its precompile ──────────────► compiling 0
     codegen config 1 ─ submit ─────────────────────────────► compiling 1   (≤ ctx.jobs at once;
     ...                                                       ...            the rest queue)
+    fork mode, first batch: Helion's baseline run (deferred from the provider's construction)
     compile failures: Helion's own benchmark() of them (logs, metrics, no-viable-config rule)
     for each precompile, in the order they finish: ◄──────── settled (ok / error / timeout)
       Helion's own benchmark([config]): dedup, accuracy check, the benchmark subprocess,
