@@ -663,6 +663,18 @@ def _interrupt_after(seconds: float) -> Any:
 # -- streaming: each config benchmarked as its precompile lands --------------------------------
 
 
+def _slow_configs(bound: Any, args: Any, ctx: Any, faults: list[str]) -> list[Any]:
+    """One config per fault, whose compile (in a forked child, which inherits this) does it."""
+    from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+    configs = _configs(bound, len(faults))
+    for config, fault in zip(configs, faults, strict=True):
+        fn = bound.compile_config(config)
+        _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
+        _inject(bound, config, fault)
+    return configs
+
+
 def _streaming_provider(
     bound: Any,
     args: Any,
@@ -697,13 +709,7 @@ def test_streaming_benchmarks_in_completion_order_straggler_later_timeout_stays(
         _fork_batch(tmp_path) as (bound, args, ctx),
         peh.use(executor),
     ):
-        configs = _configs(bound, 4)
-        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
-
-        for config, fault in zip(configs, ["sleep:4", "none", "sleep:2", "hang"], strict=True):
-            fn = bound.compile_config(config)
-            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
-            _inject(bound, config, fault)
+        configs = _slow_configs(bound, args, ctx, ["sleep:4", "none", "sleep:2", "hang"])
         provider = _streaming_provider(
             bound, args, measured, autotune_compile_timeout=8, autotune_precompile_jobs=4
         )
@@ -742,13 +748,7 @@ def test_streaming_a_raise_verdict_aborts_the_batch_and_kills_the_rest(tmp_path:
         _fork_batch(tmp_path) as (bound, args, ctx),
         peh.use(executor),
     ):
-        configs = _configs(bound, 3)
-        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
-
-        for config, fault in zip(configs, ["hang", "raise", "hang"], strict=True):
-            fn = bound.compile_config(config)
-            _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)
-            _inject(bound, config, fault)
+        configs = _slow_configs(bound, args, ctx, ["hang", "raise", "hang"])
         provider = _streaming_provider(
             bound, args, measured, autotune_compile_timeout=120, autotune_precompile_jobs=4
         )
@@ -760,17 +760,6 @@ def test_streaming_a_raise_verdict_aborts_the_batch_and_kills_the_rest(tmp_path:
             provider.cleanup()
     assert measured == []
     # the two hanging children were killed: the autouse leak check of conftest.py sees to it
-
-
-def _slow_configs(bound: Any, args: Any, ctx: Any, faults: list[str]) -> list[Any]:
-    from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
-
-    configs = _configs(bound, len(faults))
-    for config, fault in zip(configs, faults, strict=True):
-        fn = bound.compile_config(config)
-        _prepare_precompiler_for_fork(fn, args, config, bound, "", ctx.log)  # sets jit.compile
-        _inject(bound, config, fault)
-    return configs
 
 
 @pytest.mark.timeout(240)
