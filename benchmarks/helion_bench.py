@@ -20,7 +20,8 @@ Modes (``--modes`` picks): ``native-fork`` (Helion alone, its default), ``ours-f
 the background), ``install-spawn`` (``install()`` as the program's first line, before Helion and
 torch are imported: the executor is built from the environment and its template imports Helion
 beside the program's own imports), ``ours-fork-nonice`` (``ours-fork`` with the precompile
-children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``ours-fork-batched``
+children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``ours-fork-idle`` (the
+children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``), ``ours-fork-batched``
 (each batch's code generated first, then its children forked back to back: the A/B of
 ``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best
 hand-tuned set-up: ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,),
@@ -58,16 +59,24 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "skew": ("native-fork", "ours-fork", "ours-fork-batched"),
+    "skew": ("native-fork", "ours-fork", "ours-fork-nonice", "ours-fork-idle", "ours-fork-batched"),
     "matmul": (
         "native-fork",
         "ours-fork",
+        "ours-fork-idle",
         "ours-fork-batched",
         "ours-spawn",
         "install-spawn",
         "hand-spawn",
     ),
-    "lfbo": ("native-fork", "ours-fork", "ours-fork-nonice", "ours-fork-batched", "ours-spawn"),
+    "lfbo": (
+        "native-fork",
+        "ours-fork",
+        "ours-fork-nonice",
+        "ours-fork-idle",
+        "ours-fork-batched",
+        "ours-spawn",
+    ),
 }
 """Each scenario's modes (``--modes`` narrows them); ratios are to native-fork, and ours-spawn's
 and install-spawn's also to hand-spawn."""
@@ -208,19 +217,26 @@ fork mode and our fork path both fork the autotuning process per config) are cou
 
 
 @contextlib.contextmanager
-def _phase_timers(into: dict[str, list[float]]) -> Any:
-    """Time :data:`PHASES` (outermost calls only) while the block runs; restore them after."""
+def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None = None) -> Any:
+    """Time :data:`PHASES` (outermost calls only) while the block runs; restore them after.
+    ``measures`` gets one ``[start s (from the block's start), seconds, config key]`` per
+    measurement: the same seeded search measures the same configs in every mode, so the
+    per-config times pair up across modes."""
+    import hashlib
     import importlib
 
     saved = []
+    began = time.perf_counter()
     for name, (module, cls_name, attr) in {**PHASES, **EXTRA}.items():
         cls = getattr(importlib.import_module(module), cls_name)
         real = cls.__dict__[attr]
         into[name] = [0.0, 0]
         depth = [0]
+        calls = measures if name == "measure" else None
 
         def timed(*a: Any, _real: Any = real, _acc: list[float] = into[name],
-                  _depth: list[int] = depth, **kw: Any) -> Any:  # fmt: skip
+                  _depth: list[int] = depth, _calls: list[list[Any]] | None = calls,
+                  **kw: Any) -> Any:  # fmt: skip
             _depth[0] += 1
             t = time.perf_counter()
             try:
@@ -228,8 +244,12 @@ def _phase_timers(into: dict[str, list[float]]) -> Any:
             finally:
                 _depth[0] -= 1
                 if not _depth[0]:
-                    _acc[0] += time.perf_counter() - t
+                    took = time.perf_counter() - t
+                    _acc[0] += took
                     _acc[1] += 1
+                    if _calls is not None and len(a) > 1:  # (provider, config, fn)
+                        key = hashlib.sha1(str(a[1]).encode()).hexdigest()[:10]
+                        _calls.append([round(t - began, 3), round(took, 4), key])
 
         setattr(cls, attr, timed)
         saved.append((cls, attr, real))
@@ -280,6 +300,10 @@ def run_scenario(
                 from precompile_executor.helion import _fork_task
 
                 _fork_task.NICENESS = 0
+            if mode == "ours-fork-idle":  # the A/B of children under SCHED_IDLE
+                from precompile_executor.helion import _fork_task
+
+                _fork_task.IDLE_PRIORITY = True
             if mode == "ours-fork-batched":  # the A/B of forking a batch's children back to back
                 from precompile_executor.helion import _provider
 
@@ -375,10 +399,11 @@ def run_scenario(
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
         _future.Stream.close = timed_close  # type: ignore[method-assign]
         phases: dict[str, list[float]] = {}
+        measures: list[list[Any]] = []
         out["before_autotune_s"] = time.time() - _PROCESS_STARTED
         t0 = time.perf_counter()
         try:
-            with _phase_timers(phases):
+            with _phase_timers(phases, measures):
                 best = kernel.autotune(args, force=True)
         finally:
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
@@ -386,6 +411,7 @@ def run_scenario(
             LocalBenchmarkProvider.benchmark = real_benchmark  # type: ignore[method-assign]
         out["autotune_s"] = time.perf_counter() - t0
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
+        out["measures"] = measures
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
             # from install() at the top, against the autotune
             from precompile_executor.helion import _warm
@@ -534,7 +560,42 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
                 f"{'; '.join(f'`{c}`' for c in configs)} |"
             )
     head = [f"- {k}: {v}" for k, v in stamp.items()]
-    return "\n".join(head + ["", *lines, "", *phase_table(rows), ""])
+    return "\n".join(head + ["", *lines, "", *phase_table(rows), "", *measure_pairs(rows), ""])
+
+
+def measure_pairs(rows: list[dict[str, Any]]) -> list[str]:
+    """Each config's measurement against native fork's of the same config (a seeded search
+    measures the same configs in every mode): the median of the per-config ratios, and how many
+    configs pair up. What is left of "measure" once the search path is the same."""
+    lines = [
+        "| scenario | mode | configs paired | "
+        "measure per config vs native-fork (median, p25–p75) |",
+        "|---|---|---|---|",
+    ]
+
+    def per_config(scenario: str, mode: str) -> dict[str, float]:
+        times: dict[str, list[float]] = collections.defaultdict(list)
+        for r in rows:
+            if (r["scenario"], r["mode"]) == (scenario, mode):
+                for _start, took, key in r.get("measures", ()):
+                    times[key].append(took)
+        return {k: statistics.median(v) for k, v in times.items()}
+
+    for scenario, modes in SCENARIOS.items():
+        base = per_config(scenario, "native-fork")
+        if not base:
+            continue
+        for mode in modes:
+            mine = per_config(scenario, mode) if mode != "native-fork" else {}
+            ratios = sorted(mine[k] / base[k] for k in mine.keys() & base.keys() if base[k] > 0)
+            if len(ratios) < 2:
+                continue
+            q1, _q2, q3 = statistics.quantiles(ratios, n=4)
+            lines.append(
+                f"| {scenario} | {mode} | {len(ratios)} | "
+                f"{statistics.median(ratios):.3f} ({q1:.3f}–{q3:.3f}) |"
+            )
+    return lines if len(lines) > 2 else []
 
 
 def phase_table(rows: list[dict[str, Any]]) -> list[str]:

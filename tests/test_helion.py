@@ -497,8 +497,9 @@ def _inject(bound: Any, config: Any, fault: str) -> None:
             time.sleep(600)
         if fault.startswith("sleep:"):  # a slow compile: its duration in seconds
             time.sleep(float(fault.split(":")[1]))
-        if fault.startswith("nice:"):  # write the compiling process's niceness to this file
-            Path(fault.split(":", 1)[1]).write_text(str(os.getpriority(os.PRIO_PROCESS, 0)))
+        if fault.startswith("nice:"):  # write the compiling process's niceness and policy
+            priority = (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))
+            Path(fault.split(":", 1)[1]).write_text(" ".join(map(str, priority)))
         return real(*a, **k)
 
     jit.compile = faulty
@@ -522,13 +523,16 @@ def test_fork_mode_compiles_each_config_in_a_child(
     assert len(os.listdir(tmp_path / "triton")) >= 4  # the parent's cache was filled
 
 
+@pytest.mark.parametrize("idle", [False, True], ids=["nice", "sched-idle"])
 def test_fork_mode_children_compile_below_the_autotuning_process(
-    executor: PrecompileExecutor, tmp_path: Path
+    executor: PrecompileExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, idle: bool
 ) -> None:
     """Streamed, the parent generates code and measures while children compile: they run at a
-    lower priority, so the parent's share of the CPU holds when every core compiles."""
-    from precompile_executor.helion._fork_task import NICENESS
+    lower priority (``NICENESS``, or ``SCHED_IDLE`` with ``IDLE_PRIORITY``), so the parent's
+    share of the CPU holds when every core compiles."""
+    from precompile_executor.helion import _fork_task
 
+    monkeypatch.setattr(_fork_task, "IDLE_PRIORITY", idle)
     record = tmp_path / "niceness"
     with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
         (config,) = _configs(bound, 1)
@@ -536,8 +540,14 @@ def test_fork_mode_children_compile_below_the_autotuning_process(
         _inject(bound, config, f"nice:{record}")
         assert PrecompileFuture.wait_for_all([future]) == [True]
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    assert int(record.read_text()) == min(mine + NICENESS, 19) > mine
+    nice, policy = map(int, record.read_text().split())
+    if idle:
+        assert (nice, policy) == (mine, os.SCHED_IDLE)
+    else:
+        assert (nice, policy) == (min(mine + _fork_task.NICENESS, 19), os.SCHED_OTHER)
+        assert nice > mine
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent's own is untouched
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 def test_a_config_already_compiled_is_skipped_without_a_process(

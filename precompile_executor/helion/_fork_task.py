@@ -31,6 +31,12 @@ NICENESS = 5
 """How much lower than the autotuning process a precompile child runs (``os.nice`` increment):
 under contention the parent gets about three times a child's share of a core (CFS weights)."""
 
+IDLE_PRIORITY = False
+"""``True``: the child compiles under ``SCHED_IDLE`` instead (a CFS weight of 3 against the
+parent's 1024, so it takes only CPU time that no normal-priority task wants) — the A/B of a
+parent that never shares its core (``helion_bench``'s ``ours-fork-idle`` mode). Not the default:
+a compile starved by other busy processes on the machine runs into its compile timeout."""
+
 
 class CompileFailed(RuntimeError):
     """Helion's precompiler reported a failed compile without an exception we could keep."""
@@ -53,7 +59,10 @@ class ForkCompile:
         from helion.runtime import precompile_shim
 
         with contextlib.suppress(OSError):  # a sandbox may refuse; the compile still runs
-            os.nice(NICENESS)  # this child only: it exits after this one compile
+            if IDLE_PRIORITY:  # this child only: it exits after this one compile
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            else:
+                os.nice(NICENESS)
 
         seen: list[BaseException] = []
         original = precompile_shim.classify_triton_exception
