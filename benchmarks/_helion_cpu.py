@@ -14,13 +14,18 @@ def on_the_cpu(
     settings: Any,
     measure: Callable[[Any], float],
     reference: Callable[[Sequence[Any]], Any] | None = None,
+    *,
+    benchmark_subprocess: bool = False,
 ) -> Any:
     """An instance of a subclass of the provider class ``base`` (Helion's
     ``LocalBenchmarkProvider`` or ours) for the bound kernel: the baseline's reference run (it
     launches the kernel) is ``reference(cloned args)`` (default: no output), the accuracy
     tolerances are fixed, and each config's timing is ``measure(config)`` (ms). Everything else
     — the baseline's bookkeeping, codegen, precompile, statuses, metrics — is the real
-    provider's."""
+    provider's. With the timing stubbed, Helion's benchmark subprocess would never run a job:
+    ``settings.autotune_benchmark_subprocess`` is set to ``benchmark_subprocess`` (off unless a
+    test is about that subprocess), so neither provider starts one for nothing."""
+    settings.autotune_benchmark_subprocess = benchmark_subprocess
     from helion.autotuner.benchmark_provider import _clone_args
     from helion.autotuner.logger import AutotuningLogger
     from helion.autotuner.metrics import AutotuneMetrics

@@ -21,7 +21,9 @@ the background), ``install-spawn`` (``install()`` as the program's first line, b
 torch are imported: the executor is built from the environment and its template imports Helion
 beside the program's own imports), ``ours-fork-nonice`` (``ours-fork`` with the precompile
 children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``ours-fork-idle`` (the
-children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``), ``ours-fork-batched``
+children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``), ``ours-fork-lateworker`` (Helion's
+benchmark subprocess started by its first measurement, as Helion does: the A/B of
+``_bench_worker.STARTS_EARLY``), ``ours-fork-batched``
 (each batch's code generated first, then its children forked back to back: the A/B of
 ``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best
 hand-tuned set-up: ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,),
@@ -59,10 +61,18 @@ from pathlib import Path
 from typing import Any
 
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "skew": ("native-fork", "ours-fork", "ours-fork-nonice", "ours-fork-idle", "ours-fork-batched"),
+    "skew": (
+        "native-fork",
+        "ours-fork",
+        "ours-fork-lateworker",
+        "ours-fork-nonice",
+        "ours-fork-idle",
+        "ours-fork-batched",
+    ),
     "matmul": (
         "native-fork",
         "ours-fork",
+        "ours-fork-lateworker",
         "ours-fork-idle",
         "ours-fork-batched",
         "ours-spawn",
@@ -72,6 +82,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "lfbo": (
         "native-fork",
         "ours-fork",
+        "ours-fork-lateworker",
         "ours-fork-nonice",
         "ours-fork-idle",
         "ours-fork-batched",
@@ -300,6 +311,10 @@ def run_scenario(
                 from precompile_executor.helion import _fork_task
 
                 _fork_task.NICENESS = 0
+            if mode == "ours-fork-lateworker":  # the A/B of Helion's benchmark worker's start
+                from precompile_executor.helion import _bench_worker
+
+                _bench_worker.STARTS_EARLY = False
             if mode == "ours-fork-idle":  # the A/B of children under SCHED_IDLE
                 from precompile_executor.helion import _fork_task
 

@@ -186,6 +186,21 @@ def test_check_refuses_a_search_that_no_longer_reaches_the_provider_class(
         peh.check_helion()
 
 
+def test_check_refuses_a_benchmark_worker_that_starts_differently(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The provider starts Helion's benchmark worker itself (``_bench_worker``): a worker whose
+    start or run changed is refused before anything is patched."""
+    from helion.autotuner.benchmark_worker import BenchmarkWorker
+
+    def run(self, job):  # timeout gone
+        raise AssertionError
+
+    monkeypatch.setattr(BenchmarkWorker, "run", run)
+    with pytest.raises(peh.UnsupportedHelionError, match=r"BenchmarkWorker\.run\("):
+        peh.check_helion()
+
+
 @pytest.fixture
 def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The process's default executor as if none was built yet; afterwards its workers and
@@ -917,6 +932,62 @@ def test_the_baseline_runs_at_construction_when_it_cannot_wait(
             lambda cloned: ran.append(True),
         )
     assert ran == [True]
+
+
+@pytest.mark.timeout(240)
+def test_helions_benchmark_worker_starts_with_the_provider_and_warms_up(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """Helion starts its benchmark subprocess at the first measurement; ours starts that same
+    worker when the provider is built and warms it in the background. The first read of the
+    worker waits for the warm-up, and Helion's next job runs in the same, warm process."""
+    import psutil
+
+    from benchmarks._helion_cpu import on_the_cpu
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False)
+        provider = on_the_cpu(
+            StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
+        )
+        early = provider.__dict__["_early_benchmark_worker"]
+        try:
+            pid = early.worker._process.pid  # started by the constructor, before any batch
+            assert psutil.Process(pid).ppid() == os.getpid()
+            worker = provider._benchmark_worker  # waits for the warm-up's round trip
+            assert early.ended is not None and early.error is None
+            assert early.result["pid"] == pid
+            assert worker.run(os.getpid, timeout=60) == pid  # no second cold start
+        finally:
+            provider.cleanup()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(240)
+def test_an_autotune_cut_short_kills_the_benchmark_worker_still_warming_up(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """``cleanup()`` while the worker still starts (an autotune that failed or was interrupted
+    early) kills it instead of waiting for its cold start; no process is left."""
+    import psutil
+
+    from benchmarks._helion_cpu import on_the_cpu
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False)
+        provider = on_the_cpu(
+            StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
+        )
+        early = provider.__dict__["_early_benchmark_worker"]
+        pid = early.worker._process.pid
+        warming = early.ended is None  # a new interpreter importing torch: still running
+        provider.cleanup()
+    assert early.ended is not None
+    if warming:
+        assert early.error is not None  # its round trip was cut, not completed
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_every_search_gets_the_streaming_provider(executor: PrecompileExecutor) -> None:

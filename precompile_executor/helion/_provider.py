@@ -59,7 +59,7 @@ from helion.autotuner.benchmark_provider import (
 from helion.autotuner.logger import capture_output
 from helion.autotuner.progress_bar import iter_with_progress
 
-from . import _future, _installed, _warm
+from . import _bench_worker, _future, _installed, _warm
 from ._lease import GpuLease, lease_for
 
 DEFERRED_BASELINE_MAX_BYTES = 1 << 30
@@ -110,6 +110,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
     _baseline_post_args = _AfterBaseline()
     _effective_atol = _AfterBaseline()
     _effective_rtol = _AfterBaseline()
+    _benchmark_worker = _bench_worker.AfterWarmUp()
 
     def __init__(
         self,
@@ -126,19 +127,38 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         self._setup_deferred = False
         if settings.autotune_precompile == "spawn":
             _warm.start_default_warm_up()  # overlaps the baseline run and codegen below
-        super().__init__(
-            kernel=kernel,
-            settings=settings,
-            config_spec=config_spec,
-            args=args,
-            log=log,
-            autotune_metrics=autotune_metrics,
-        )
+        # Helion's benchmark subprocess, cold-started now rather than at the first measurement
+        # (_bench_worker's docstring).
+        early = _bench_worker.start_early(settings, kernel.env.device)
+        try:
+            super().__init__(
+                kernel=kernel,
+                settings=settings,
+                config_spec=config_spec,
+                args=args,
+                log=log,
+                autotune_metrics=autotune_metrics,
+            )
+        except BaseException:
+            if early is not None:  # no provider holds it: its cleanup() will not run
+                early.stop()
+                with contextlib.suppress(Exception):
+                    early.worker.shutdown()
+            raise
+        if early is not None:
+            self.__dict__["_early_benchmark_worker"] = early
+            self._benchmark_worker = early.worker
         if self.settings.autotune_precompile == "spawn":
             self._lease = lease_for(self.kernel.env.device)
             mismatch = _warm.early_device_mismatch(self.kernel.env.device)
             if mismatch is not None and _warm.is_default(_installed.current_executor()):
                 self.log.warning(mismatch)
+
+    def cleanup(self) -> None:
+        early = self.__dict__.get("_early_benchmark_worker")
+        if early is not None and early.ended is None:
+            early.stop()  # still cold-starting (an autotune cut short): no wait for it
+        super().cleanup()
 
     # -- the baseline, deferred in fork mode -----------------------------------------------------
 

@@ -61,6 +61,8 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.logger", "capture_output"),
     ("helion.runtime.triton.launcher", "compile_only_launch_args"),
     ("helion.autotuner.benchmark_provider", "_clone_args"),
+    ("helion.autotuner.benchmark_worker", "BenchmarkWorker"),
+    ("helion.autotuner.benchmark_job", "BenchmarkJob"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
 # ``*`` marks where keyword-only parameters start.
@@ -86,7 +88,16 @@ _PROVIDER_METHODS = {
     "setup": ("self",),
     "_precompile_context": ("self",),
     "_next_precompile_result_path": ("self",),
+    "cleanup": ("self",),
 }
+# Helion's benchmark subprocess, which the provider starts early (_bench_worker).
+_WORKER_METHODS = {
+    "__init__": ("self", "device"),
+    "_start": ("self",),
+    "run": ("self", "job", "timeout"),
+    "shutdown": ("self",),
+}
+_WORKER_SETTINGS = ("autotune_benchmark_subprocess", "autotune_benchmark_timeout")
 # What LocalBenchmarkProvider derives from its baseline run (in __init__): the provider defers
 # the run in fork mode and computes these on first use (_provider, "the baseline").
 _AFTER_BASELINE = (
@@ -119,6 +130,26 @@ _CODE_USES = (
         "benchmark",
         "_benchmark_function",
     ),
+    # the benchmark worker the provider starts early: where Helion keeps and uses it
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "__init__",
+        "_benchmark_worker",
+    ),
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "_run_subprocess_benchmark_job",
+        "_benchmark_worker",
+    ),
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "cleanup",
+        "_benchmark_worker",
+    ),
+    ("helion.autotuner.benchmark_worker", "BenchmarkWorker", "_start", "_process"),
     # the baseline's results, set in __init__ and deferred by the provider in fork mode
     *(
         ("helion.autotuner.benchmark_provider", "LocalBenchmarkProvider", "__init__", name)
@@ -236,6 +267,17 @@ def _provider_problems() -> list[str]:
         got = _params_with_star(raw)
         if got != want:
             problems.append(f"LocalBenchmarkProvider.{name}{got} != expected {want}")
+    from helion.autotuner.benchmark_worker import BenchmarkWorker
+    from helion.runtime.settings import Settings
+
+    for name, want in _WORKER_METHODS.items():
+        raw = inspect.getattr_static(BenchmarkWorker, name, None)
+        if not inspect.isfunction(raw) or _params(raw) != want:
+            problems.append(f"BenchmarkWorker.{name}{want} is missing or changed")
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    for name in _WORKER_SETTINGS:
+        if name not in fields:
+            problems.append(f"Settings.{name} is missing")
     prepare = inspect.getattr_static(base_search.BaseSearch, "_prepare", None)
     if not inspect.isfunction(prepare) or _params(prepare) != ("self",):
         problems.append("BaseSearch._prepare(self) is missing or changed")
