@@ -410,6 +410,18 @@ def run_scenario(
                 statuses.update(str(r.status) for r in results)
             return results
 
+        # Helion's benchmark worker as ours starts it (forked spare or spawned; its warm-up).
+        from precompile_executor.helion import _bench_worker
+
+        early: list[Any] = []
+        real_start_early = _bench_worker.start_early
+
+        def kept_start_early(*a: Any, **kw: Any) -> Any:
+            started = real_start_early(*a, **kw)
+            early.append(started)
+            return started
+
+        _bench_worker.start_early = kept_start_early
         LocalBenchmarkProvider.benchmark = counted  # type: ignore[method-assign]
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
         _future.Stream.close = timed_close  # type: ignore[method-assign]
@@ -424,7 +436,18 @@ def run_scenario(
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
             _future.Stream.close = real_close  # type: ignore[method-assign]
             LocalBenchmarkProvider.benchmark = real_benchmark  # type: ignore[method-assign]
+            _bench_worker.start_early = real_start_early
         out["autotune_s"] = time.perf_counter() - t0
+        out["bench_workers"] = [
+            {
+                "forked": e.forked,
+                "warm_s": None if e.ended is None else round(e.ended - e.started, 3),
+                "started_s": round(e.started - t0, 3),
+                "error": None if e.error is None else repr(e.error)[:200],
+            }
+            for e in early
+            if e is not None
+        ]
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         out["measures"] = measures
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
