@@ -410,7 +410,7 @@ def run_scenario(
                 statuses.update(str(r.status) for r in results)
             return results
 
-        # Helion's benchmark worker as ours starts it (forked spare or spawned; its warm-up).
+        # Helion's benchmark worker as ours starts it (when, and its warm-up).
         from precompile_executor.helion import _bench_worker
 
         early: list[Any] = []
@@ -440,7 +440,6 @@ def run_scenario(
         out["autotune_s"] = time.perf_counter() - t0
         out["bench_workers"] = [
             {
-                "forked": e.forked,
                 "warm_s": None if e.ended is None else round(e.ended - e.started, 3),
                 "started_s": round(e.started - t0, 3),
                 "error": None if e.error is None else repr(e.error)[:200],

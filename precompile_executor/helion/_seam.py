@@ -63,7 +63,6 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.benchmark_provider", "_clone_args"),
     ("helion.autotuner.benchmark_worker", "BenchmarkWorker"),
     ("helion.autotuner.benchmark_job", "BenchmarkJob"),
-    ("helion.autotuner.benchmark_worker", "_worker_loop"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
 # ``*`` marks where keyword-only parameters start.
@@ -268,13 +267,9 @@ def _provider_problems() -> list[str]:
         got = _params_with_star(raw)
         if got != want:
             problems.append(f"LocalBenchmarkProvider.{name}{got} != expected {want}")
-    from helion.autotuner import benchmark_worker
     from helion.autotuner.benchmark_worker import BenchmarkWorker
     from helion.runtime.settings import Settings
 
-    loop = getattr(benchmark_worker, "_worker_loop", None)  # missing: reported with the helpers
-    if loop is not None and _params(loop) != ("connection", "device"):
-        problems.append("benchmark_worker._worker_loop(connection, device) changed")
     for name, want in _WORKER_METHODS.items():
         raw = inspect.getattr_static(BenchmarkWorker, name, None)
         if not inspect.isfunction(raw) or _params(raw) != want:
@@ -320,10 +315,8 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
 def _install(executor: PrecompileExecutor | None) -> _Installation:
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
-    from . import _bench_worker, _warm
+    from . import _warm
 
-    if not _stack and helion_version() in SUPPORTED_HELION_VERSIONS:
-        _bench_worker.start_spare()  # before this module starts any thread (its docstring)
     if executor is None and helion_version() in SUPPORTED_HELION_VERSIONS:
         # Ahead of `import helion` (install() at the top of a program): the template imports
         # Helion beside this process's own import (docs/helion.md, "Warm-up off the clock").
@@ -332,8 +325,6 @@ def _install(executor: PrecompileExecutor | None) -> _Installation:
         check_helion()  # before anything is patched; on refusal nothing stays built
     except BaseException:
         _warm.discard_early()
-        if not _stack:
-            _bench_worker.discard_spare()
         raise
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
@@ -395,11 +386,6 @@ def _restore(entry: _Installation) -> None:
                 above, create=entry.create, wait_for_all=entry.wait_for_all, prepare=entry.prepare
             )
         del _stack[index]
-        last = not _stack
-    if last:
-        from . import _bench_worker
-
-        _bench_worker.discard_spare()
 
 
 @contextlib.contextmanager
