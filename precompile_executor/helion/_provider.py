@@ -29,6 +29,10 @@ and before its first measurement, so the children compile meanwhile. Every attri
 derives from the run reads through :class:`_AfterBaseline`: whoever needs one first (Helion's own
 code included) runs the baseline then.
 
+Helion's benchmark subprocess (every measurement runs in it by default) is started when the
+provider is built and warmed in the background (``_bench_worker``): its cold start, 17–23 s on
+the H200, no longer begins inside the first measurement.
+
 Timing integrity: in spawn mode our workers run configs on the GPU while Helion measures; each
 measurement (``_benchmark_function`` and ``benchmark_isolated``) holds the GPU's exclusive lease
 (``_lease``), each worker run a shared one.
