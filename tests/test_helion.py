@@ -989,6 +989,58 @@ def test_a_benchmark_worker_that_cannot_warm_up_is_replaced_by_a_fresh_one() -> 
         early.worker.shutdown()
 
 
+_KILLED_SCRIPT = """
+import os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import helion
+import precompile_executor.helion as peh
+from benchmarks._helion_cpu import on_the_cpu
+from precompile_executor import PrecompileExecutor
+from precompile_executor.helion._provider import StreamingBenchmarkProvider
+from precompile_executor.triton import compile_only_driver, parse_target
+from test_helion import _add, _args
+
+args = _args()
+with PrecompileExecutor(2) as ex, peh.use(ex), compile_only_driver(parse_target("cuda:90")):
+    bound = _add().bind(args)
+    s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False)
+    p = on_the_cpu(
+        StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
+    )
+    print(p.__dict__["_early_benchmark_worker"].worker._process.pid, flush=True)
+    time.sleep(float(sys.argv[2]))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("after", [0.5, 8.0], ids=["warming", "warm"])
+def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
+    after: float, tmp_path: Path
+) -> None:
+    """The worker started early is Helion's: it dies with the autotuning process, killed while
+    the worker still starts or after it warmed up."""
+    import psutil
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SCRIPT, str(Path(__file__).parent), str(after)],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 @pytest.mark.timeout(240)
 def test_an_autotune_cut_short_kills_the_benchmark_worker_still_warming_up(
     tmp_path: Path, executor: PrecompileExecutor
