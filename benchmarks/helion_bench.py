@@ -60,15 +60,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+_FORK_MODES = (
+    "native-fork",
+    "ours-fork",
+    "ours-fork-lateworker",
+    "ours-fork-nonice",
+    "ours-fork-idle",
+    "ours-fork-batched",
+)
+"""Native fork mode, ours, and ours' fork-mode A/B variants."""
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "skew": (
-        "native-fork",
-        "ours-fork",
-        "ours-fork-lateworker",
-        "ours-fork-nonice",
-        "ours-fork-idle",
-        "ours-fork-batched",
-    ),
+    "skew": _FORK_MODES,
     "matmul": (
         "native-fork",
         "ours-fork",
@@ -79,15 +81,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
         "install-spawn",
         "hand-spawn",
     ),
-    "lfbo": (
-        "native-fork",
-        "ours-fork",
-        "ours-fork-lateworker",
-        "ours-fork-nonice",
-        "ours-fork-idle",
-        "ours-fork-batched",
-        "ours-spawn",
-    ),
+    "lfbo": (*_FORK_MODES, "ours-spawn"),
 }
 """Each scenario's modes (``--modes`` narrows them); ratios are to native-fork, and ours-spawn's
 and install-spawn's also to hand-spawn."""

@@ -33,6 +33,7 @@ hl = pytest.importorskip("helion.language")
 from helion import exc as helion_exc  # noqa: E402
 from helion.autotuner.logger import AutotuningLogger  # noqa: E402
 from helion.autotuner.precompile_future import PrecompileContext, PrecompileFuture  # noqa: E402
+from test_faults import _assert_gone  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
@@ -1020,8 +1021,6 @@ def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
 ) -> None:
     """The worker started early is Helion's: it dies with the autotuning process, killed while
     the worker still starts or after it warmed up."""
-    import psutil
-
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     done = subprocess.run(
         [sys.executable, "-c", _KILLED_SCRIPT, str(Path(__file__).parent), str(after)],
@@ -1032,13 +1031,7 @@ def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
         timeout=200,
     )
     assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
-    pid = int(done.stdout.split()[0])
-    deadline = time.monotonic() + 60
-    while psutil.pid_exists(pid) and time.monotonic() < deadline:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            break
-        time.sleep(0.1)
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    _assert_gone(int(done.stdout.split()[0]), timeout_s=60)
 
 
 @pytest.mark.timeout(240)

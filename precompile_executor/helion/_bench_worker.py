@@ -4,7 +4,7 @@ measurement.
 Helion 1.5.1 measures every config in a long-lived spawn subprocess by default
 (``autotune_benchmark_subprocess``; ``helion.autotuner.benchmark_worker.BenchmarkWorker``), and
 starts it lazily: the first measurement pays a new interpreter, ``import torch, helion``, a CUDA
-context and Triton's driver — 17–20 s on the H200 machine, in native fork mode and in ours alike,
+context and Triton's driver — 17–23 s on the H200 machine, in native fork mode and in ours alike,
 on the autotuner's critical path (docs/gpu-runs.md, session 9: the first measurement of every
 run). Here the provider starts that same worker when it is built and sends it :class:`WarmUp` on
 a background thread, so the cold start overlaps the baseline, the codegen and the compiles. The
@@ -89,22 +89,22 @@ class EarlyWorker:
             # stop it, and Helion's first real job starts a new one, as without this module.
             self.error = error
             _log.warning("Helion's benchmark worker did not warm up (%r); restarting it", error)
-            process = getattr(self.worker, "_process", None)
-            if process is not None:
-                with contextlib.suppress(Exception):
-                    process.kill()
-                    process.join(timeout=5)  # not alive() now: the next run() starts anew
+            self._kill()  # not alive() after it: the next run() starts anew
         finally:
             self.ended = time.perf_counter()
 
+    def _kill(self) -> None:
+        process = getattr(self.worker, "_process", None)
+        if process is not None:
+            with contextlib.suppress(Exception):
+                process.kill()
+                process.join(timeout=5)
+
     def stop(self) -> None:
         """Kill the worker's process if its warm-up is still running, then wait for the round
-        trip to end (it ends at once: the pipe closes)."""
+        trip to end (it ends at once: the pipe closes). After the warm-up: nothing to stop."""
         if self.ended is None:
-            process = getattr(self.worker, "_process", None)
-            if process is not None:
-                with contextlib.suppress(Exception):
-                    process.kill()
+            self._kill()
         self.join()
 
     def join(self) -> None:

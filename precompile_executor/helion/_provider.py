@@ -160,7 +160,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
 
     def cleanup(self) -> None:
         early = self.__dict__.get("_early_benchmark_worker")
-        if early is not None and early.ended is None:
+        if early is not None:
             early.stop()  # still cold-starting (an autotune cut short): no wait for it
         super().cleanup()
 
