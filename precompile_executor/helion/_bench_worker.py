@@ -1,29 +1,50 @@
-"""Helion's benchmark subprocess, started when the autotune starts instead of at its first
-measurement.
+"""Helion's benchmark subprocess, started before the autotune needs it.
 
 Helion 1.5.1 measures every config in a long-lived spawn subprocess by default
 (``autotune_benchmark_subprocess``; ``helion.autotuner.benchmark_worker.BenchmarkWorker``), and
 starts it lazily: the first measurement pays a new interpreter, ``import torch, helion``, a CUDA
-context and Triton's driver — 17–23 s on the H200 machine, in native fork mode and in ours alike,
+context and Triton's driver — 17–24 s on the H200 machine, in native fork mode and in ours alike,
 on the autotuner's critical path (docs/gpu-runs.md, session 9: the first measurement of every
-run). Here the provider starts that same worker when it is built and sends it :class:`WarmUp` on
-a background thread, so the cold start overlaps the baseline, the codegen and the compiles. The
-worker is Helion's own object and process, used afterwards exactly as Helion uses it (its
-timeouts, respawn after a timeout or a sticky CUDA error, shutdown in ``cleanup``).
+run). A worker here is that same process — Helion's own loop, ``_worker_loop``, serving Helion's
+jobs over its pipe — started earlier, in one of two ways:
 
-Threads: the process is started on the constructing (autotuner's) thread — Helion's worker sets
-``PR_SET_PDEATHSIG``, which fires when the thread that started it exits, so a short-lived thread
-must not start it — and only the warm-up job's round trip runs on the ``precompile-bench-warm``
-thread. :class:`AfterWarmUp` makes every read of the provider's ``_benchmark_worker`` wait for
-that round trip first, so two jobs never share the worker's pipe.
+* **the spare** (:func:`prestart`): ``install()`` and ``use()`` start one, adopted by the first
+  provider built for its device (:func:`take`). Called at the top of a program, before Helion and
+  torch are imported (:func:`prestart_before_helion`), its cold start runs beside the program's
+  own imports and is over before the autotune begins; called later (:func:`prestart_with_torch`),
+  it still starts before the program's inputs and Helion's set-up. Its process is spawned without
+  importing Helion here (:func:`serve` imports it in the child); the provider wraps it in a
+  ``BenchmarkWorker`` of its own (:meth:`EarlyWorker.adopt`). The last installation to go
+  (``uninstall()``, the end of the outermost ``use()`` block) kills a spare nobody took.
+* **the provider's own** (:func:`start_early`): where no spare fits (another device, none
+  started), the provider starts Helion's worker when it is built.
+
+Either way the worker first runs :class:`WarmUp` (the imports every benchmark job needs, the
+CUDA context on the kernel's device) in a round trip on a background thread, and is afterwards
+Helion's, used exactly as Helion uses it (its timeouts, its respawn after a timeout or a sticky
+CUDA error, its shutdown in ``cleanup``). A warm-up that fails stops the worker, and Helion's next
+job starts a fresh one, as without this module.
+
+Threads and lifetime: a worker's process is started on the thread that calls ``install()``,
+``use()`` or builds the provider, never on a short-lived one: Helion's worker sets
+``PR_SET_PDEATHSIG``, which fires when the thread that started it exits (:func:`serve` sets it
+too, before its imports, so a killed parent leaves no spare importing). Only the warm-up round
+trip runs on the ``precompile-bench-warm`` thread; :class:`AfterWarmUp` makes every read of the
+provider's ``_benchmark_worker`` wait for it, so two jobs never share the pipe. ``_lock`` guards
+the spare.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
+import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -32,13 +53,17 @@ _log = logging.getLogger(__name__)
 
 STARTS_EARLY = True
 """``False``: leave Helion's worker to its own lazy start (the A/B: ``helion_bench``'s
-``ours-fork-lateworker`` mode)."""
+``ours-fork-lateworker`` mode); no spare is started either."""
 
 WARM_UP_TIMEOUT_FLOOR_S = 120.0
 """The warm-up job's timeout is at least this, and at least twice Helion's
 ``autotune_benchmark_timeout`` (30 s by default, "raised automatically on environments with a
-heavier subprocess cold-start"): it is all cold start. Past it Helion's worker kills the process
-and the first measurement starts a new one, as without this module."""
+heavier subprocess cold-start"): it is all cold start. Past it the worker is killed and the first
+measurement starts a new one, as without this module."""
+
+SUBPROCESS_VARIABLE = "HELION_AUTOTUNE_BENCHMARK_SUBPROCESS"
+TIMEOUT_VARIABLE = "HELION_AUTOTUNE_BENCHMARK_TIMEOUT"
+_FALSE = ("0", "false", "no", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,39 +91,93 @@ class WarmUp:
         return {"pid": os.getpid(), "seconds": time.perf_counter() - t0}
 
 
-class EarlyWorker:
-    """A started ``BenchmarkWorker`` whose warm-up round trip runs on a background thread."""
+def serve(connection: Any, parent_pid: int) -> None:
+    """A spare's process: Helion's benchmark worker loop, entered as Helion's own worker enters
+    it, after dying with the parent is arranged (Helion's loop arranges it only after
+    ``import helion``, 10+ s later)."""
+    with contextlib.suppress(OSError):
+        os.setsid()  # its own process group, as Helion's loop makes it: killpg reaches ptxas too
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before prctl: nobody to serve
+        os._exit(0)
+    from helion.autotuner.benchmark_worker import _worker_loop
 
-    def __init__(self, worker: Any, job: WarmUp, timeout: float) -> None:
-        self.worker = worker
+    _worker_loop(connection, None)
+
+
+class EarlyWorker:
+    """A benchmark worker's process and pipe, whose warm-up round trip runs on a background
+    thread. ``worker`` is Helion's ``BenchmarkWorker`` over them (``None`` for a spare that no
+    provider adopted yet)."""
+
+    def __init__(self, process: Any, connection: Any, job: WarmUp, timeout: float) -> None:
+        self.process = process
+        self.connection = connection
+        self.device = job.device
+        self.worker: Any = None
         self.result: dict[str, Any] | None = None
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self.ended: float | None = None
-        worker._start()  # on this thread: see the module's docstring (PR_SET_PDEATHSIG)
         self._thread = threading.Thread(
             target=self._warm, args=(job, timeout), name="precompile-bench-warm", daemon=True
         )
         self._thread.start()
 
+    @classmethod
+    def start(cls, worker: Any, job: WarmUp, timeout: float) -> EarlyWorker:
+        """Start Helion's ``worker`` (its own ``_start()``, on this thread) and warm it up."""
+        worker._start()
+        early = cls(worker._process, worker._parent_connection, job, timeout)
+        early.worker = worker
+        return early
+
+    def adopt(self) -> Any:
+        """Helion's ``BenchmarkWorker`` over this process and pipe (a spare's, taken by a
+        provider): Helion's ``run()`` sends its jobs there, ``shutdown()`` ends it."""
+        from helion.autotuner.benchmark_worker import BenchmarkWorker
+
+        worker = BenchmarkWorker(device=None)
+        worker._process = self.process
+        worker._parent_connection = self.connection
+        self.worker = worker
+        return worker
+
     def _warm(self, job: WarmUp, timeout: float) -> None:
         try:
-            self.result = self.worker.run(job, timeout=timeout)
+            self.connection.send(job)
+            if not self.connection.poll(timeout):
+                raise TimeoutError(f"no answer to its warm-up within {timeout:.0f} s")
+            result = self.connection.recv()
+            if isinstance(result, BaseException):
+                raise result
+            self.result = result
         except BaseException as error:
             # A worker that cannot open its CUDA context would fail every config's measurement:
             # stop it, and Helion's first real job starts a new one, as without this module.
             self.error = error
             _log.warning("Helion's benchmark worker did not warm up (%r); restarting it", error)
-            self._kill()  # not alive() after it: the next run() starts anew
+            self._kill()  # not alive() after it: Helion's next run() starts anew
+            with contextlib.suppress(Exception):
+                self.connection.close()  # this thread's own poll is over
         finally:
             self.ended = time.perf_counter()
 
     def _kill(self) -> None:
-        process = getattr(self.worker, "_process", None)
-        if process is not None:
-            with contextlib.suppress(Exception):
-                process.kill()
-                process.join(timeout=5)
+        # The process group first (its ptxas too), as Helion's own kill does. The pipe stays open:
+        # closing it under the warm-up thread's poll() would not wake that thread; the process's
+        # death does (EOF).
+        with contextlib.suppress(Exception):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.process.kill()
+            self.process.join(timeout=5)
+
+    def usable(self) -> bool:
+        """Whether a provider can still take it: not failed, not dead."""
+        return self.error is None and self.process.is_alive()
 
     def stop(self) -> None:
         """Kill the worker's process if its warm-up is still running, then wait for the round
@@ -107,23 +186,177 @@ class EarlyWorker:
             self._kill()
         self.join()
 
+    def discard(self) -> None:
+        """End it for good (a spare nobody took): the process and the pipe."""
+        self._kill()
+        self.join()
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
     def join(self) -> None:
         """Wait for the warm-up round trip (the worker's pipe is free after it)."""
         if self._thread is not threading.current_thread():
             self._thread.join()
 
 
+def _warm_up_timeout(benchmark_timeout: float) -> float:
+    return max(WARM_UP_TIMEOUT_FLOOR_S, 2.0 * benchmark_timeout)
+
+
 def start_early(settings: Any, device: Any) -> EarlyWorker | None:
     """Start Helion's benchmark worker now, if Helion will measure in one."""
-    import torch.distributed as dist
     from helion.autotuner.benchmark_worker import BenchmarkWorker
 
-    if not STARTS_EARLY or dist.is_initialized():
+    if not wants_worker(settings):
         return None
-    if not getattr(settings, "autotune_benchmark_subprocess", False):
+    timeout = _warm_up_timeout(float(settings.autotune_benchmark_timeout))
+    return EarlyWorker.start(BenchmarkWorker(device=None), WarmUp(str(device)), timeout)
+
+
+def wants_worker(settings: Any) -> bool:
+    """Whether a provider with these settings measures in Helion's benchmark subprocess."""
+    import torch.distributed as dist
+
+    return (
+        STARTS_EARLY
+        and bool(getattr(settings, "autotune_benchmark_subprocess", False))
+        and not dist.is_initialized()
+    )
+
+
+# -- the spare ------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_spare: EarlyWorker | None = None
+
+
+def bootstrapping() -> bool:
+    """Whether this process is a spawn child still importing its parent's main module (which
+    may call ``install()`` at its top): it must start no process. The flag is the one CPython's
+    ``multiprocessing.spawn._check_not_importing_main`` reads for the same purpose."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def prestart(device: str, benchmark_timeout: float) -> EarlyWorker | None:
+    """Start a spare benchmark worker for ``device`` (``"cuda:0"``), unless one is there."""
+    global _spare
+    if not STARTS_EARLY or bootstrapping():
         return None
-    timeout = max(WARM_UP_TIMEOUT_FLOOR_S, 2.0 * float(settings.autotune_benchmark_timeout))
-    return EarlyWorker(BenchmarkWorker(device=None), WarmUp(str(device)), timeout)
+    with _lock:
+        if _spare is not None and _spare.usable():
+            return None
+        stale, _spare = _spare, None
+        context = multiprocessing.get_context("spawn")  # as Helion's worker: no fork of CUDA
+        parent, child = context.Pipe(duplex=True)
+        process = context.Process(
+            target=serve, args=(child, os.getpid()), daemon=True, name="helion-benchmark-worker"
+        )
+        process.start()
+        child.close()
+        _spare = EarlyWorker(process, parent, WarmUp(device), _warm_up_timeout(benchmark_timeout))
+        spare = _spare
+    if stale is not None:
+        stale.discard()
+    return spare
+
+
+def prestart_before_helion() -> EarlyWorker | None:
+    """``install()`` at the top of a program, before Helion and torch are imported: start the
+    spare from what the environment says, for the first GPU this process sees.
+
+    Nothing starts when Helion's settings will not measure in a subprocess
+    (``HELION_AUTOTUNE_BENCHMARK_SUBPROCESS=0``), under ``torchrun`` (``WORLD_SIZE`` > 1: Helion
+    measures in-process there), or when no NVIDIA GPU is visible (no ``/dev/nvidiactl``, or
+    ``CUDA_VISIBLE_DEVICES`` empty) — asking CUDA here would initialise it in this process.
+    """
+    if os.environ.get(SUBPROCESS_VARIABLE, "1").strip().lower() in _FALSE:
+        return None
+    if _int_env("WORLD_SIZE", 1) > 1:
+        return None
+    if not gpu_visible():
+        return None
+    return prestart(FIRST_GPU, float(_int_env(TIMEOUT_VARIABLE, 30)))
+
+
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"
+"""Present where the NVIDIA driver is loaded (a GPU machine, or a container given its GPUs)."""
+FIRST_GPU = "cuda:0"
+"""The device a spare started before torch is imported warms: the first GPU this process sees
+(``CUDA_VISIBLE_DEVICES`` applies in the worker as here)."""
+
+
+def gpu_visible() -> bool:
+    """Whether this process will see an NVIDIA GPU, told without asking CUDA (which would
+    initialise it here): the driver's control device exists and ``CUDA_VISIBLE_DEVICES`` does
+    not hide every GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and (not visible.strip() or visible.strip().startswith("-")):
+        return False
+    return os.path.exists(NVIDIA_CONTROL_DEVICE)
+
+
+def prestart_with_torch() -> EarlyWorker | None:
+    """``install()`` or ``use()`` with Helion imported: start the spare for the current CUDA
+    device, if Helion's default settings measure in a subprocess and CUDA is available."""
+    import torch
+    from helion.runtime.settings import Settings
+
+    if spare() is not None:  # install() at the top started it: leave CUDA alone here
+        return None
+    settings = Settings()
+    if not wants_worker(settings) or not torch.cuda.is_available():
+        return None
+    device = f"cuda:{torch.cuda.current_device()}"
+    return prestart(device, float(settings.autotune_benchmark_timeout))
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "").strip() or default)
+    except ValueError:
+        return default  # Helion's own settings report the bad value
+
+
+def device_key(device: Any) -> str:
+    """``"cuda:N"`` for a CUDA device (the current one when it names no index), else its
+    type: how a spare and a kernel's device are compared."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return str(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return f"cuda:{index}"
+
+
+def take(device: Any) -> EarlyWorker | None:
+    """The spare, adopted for a provider on ``device``, or ``None``: none started, it failed or
+    died, or it warms another device (then it is discarded: the provider starts its own)."""
+    global _spare
+    with _lock:
+        spare, _spare = _spare, None
+    if spare is None:
+        return None
+    if not spare.usable() or spare.device != device_key(device):
+        spare.discard()
+        return None
+    spare.adopt()
+    return spare
+
+
+def discard() -> None:
+    """Kill the spare, if nobody took it (the last installation went away)."""
+    global _spare
+    with _lock:
+        spare, _spare = _spare, None
+    if spare is not None:
+        spare.discard()
+
+
+def spare() -> EarlyWorker | None:
+    """The spare waiting for a provider, if any (for tests and benchmarks)."""
+    with _lock:
+        return _spare
 
 
 class AfterWarmUp:

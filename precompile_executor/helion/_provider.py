@@ -29,9 +29,10 @@ and before its first measurement, so the children compile meanwhile. Every attri
 derives from the run reads through :class:`_AfterBaseline`: whoever needs one first (Helion's own
 code included) runs the baseline then.
 
-Helion's benchmark subprocess (every measurement runs in it by default) is started when the
-provider is built and warmed in the background (``_bench_worker``): its cold start, 17–23 s on
-the H200, no longer begins inside the first measurement.
+Helion's benchmark subprocess (every measurement runs in it by default) is the spare that
+``install()``/``use()`` started, or is started when the provider is built, and warmed in the
+background (``_bench_worker``): its cold start, 17–24 s on the H200, no longer begins inside the
+first measurement.
 
 Timing integrity: in spawn mode our workers run configs on the GPU while Helion measures; each
 measurement (``_benchmark_function`` and ``benchmark_isolated``) holds the GPU's exclusive lease
@@ -131,9 +132,13 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         self._setup_deferred = False
         if settings.autotune_precompile == "spawn":
             _warm.start_default_warm_up()  # overlaps the baseline run and codegen below
-        # Helion's benchmark subprocess, cold-started now rather than at the first measurement
-        # (_bench_worker's docstring).
-        early = _bench_worker.start_early(settings, kernel.env.device)
+        # Helion's benchmark subprocess: the spare that install()/use() started, or cold-started
+        # now rather than at the first measurement (_bench_worker's docstring).
+        early = None
+        if _bench_worker.wants_worker(settings):
+            early = _bench_worker.take(kernel.env.device)
+        if early is None:
+            early = _bench_worker.start_early(settings, kernel.env.device)
         try:
             super().__init__(
                 kernel=kernel,

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import inspect
+import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -62,6 +63,7 @@ _PRIVATE_HELPERS = (
     ("helion.runtime.triton.launcher", "compile_only_launch_args"),
     ("helion.autotuner.benchmark_provider", "_clone_args"),
     ("helion.autotuner.benchmark_worker", "BenchmarkWorker"),
+    ("helion.autotuner.benchmark_worker", "_worker_loop"),
     ("helion.autotuner.benchmark_job", "BenchmarkJob"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
@@ -150,6 +152,9 @@ _CODE_USES = (
         "_benchmark_worker",
     ),
     ("helion.autotuner.benchmark_worker", "BenchmarkWorker", "_start", "_process"),
+    ("helion.autotuner.benchmark_worker", "BenchmarkWorker", "_start", "_parent_connection"),
+    ("helion.autotuner.benchmark_worker", "BenchmarkWorker", "__init__", "_parent_connection"),
+    ("helion.autotuner.benchmark_worker", "BenchmarkWorker", "run", "_parent_connection"),
     # the baseline's results, set in __init__ and deferred by the provider in fork mode
     *(
         ("helion.autotuner.benchmark_provider", "LocalBenchmarkProvider", "__init__", name)
@@ -274,6 +279,11 @@ def _provider_problems() -> list[str]:
         raw = inspect.getattr_static(BenchmarkWorker, name, None)
         if not inspect.isfunction(raw) or _params(raw) != want:
             problems.append(f"BenchmarkWorker.{name}{want} is missing or changed")
+    from helion.autotuner import benchmark_worker
+
+    loop = getattr(benchmark_worker, "_worker_loop", None)
+    if not inspect.isfunction(loop) or _params(loop) != ("connection", "device"):
+        problems.append("benchmark_worker._worker_loop(connection, device) is missing or changed")
     fields = {f.name for f in dataclasses.fields(Settings)}
     for name in _WORKER_SETTINGS:
         if name not in fields:
@@ -315,17 +325,23 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
 def _install(executor: PrecompileExecutor | None) -> _Installation:
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
-    from . import _warm
+    from . import _bench_worker, _warm
 
-    if executor is None and helion_version() in SUPPORTED_HELION_VERSIONS:
-        # Ahead of `import helion` (install() at the top of a program): the template imports
-        # Helion beside this process's own import (docs/helion.md, "Warm-up off the clock").
-        _warm.start_before_helion()
+    if "helion" not in sys.modules and helion_version() in SUPPORTED_HELION_VERSIONS:
+        # Ahead of `import helion` (install() at the top of a program): Helion's benchmark
+        # worker and, in spawn mode, the executor's template import Helion beside this
+        # process's own import (docs/helion.md, "Warm-up off the clock").
+        _bench_worker.prestart_before_helion()
+        if executor is None:
+            _warm.start_before_helion()
     try:
         check_helion()  # before anything is patched; on refusal nothing stays built
     except BaseException:
         _warm.discard_early()
+        if not installed():
+            _bench_worker.discard()
         raise
+    _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
@@ -366,7 +382,7 @@ def _streaming_prepare(original: Any) -> Any:
     return _prepare
 
 
-def _restore(entry: _Installation) -> None:
+def _restore(entry: _Installation, *, keep_spare: bool = False) -> None:
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
@@ -386,6 +402,11 @@ def _restore(entry: _Installation) -> None:
                 above, create=entry.create, wait_for_all=entry.wait_for_all, prepare=entry.prepare
             )
         del _stack[index]
+        last = not _stack
+    if last and not keep_spare:  # a spare benchmark worker nobody took: no autotune to serve
+        from . import _bench_worker
+
+        _bench_worker.discard()
 
 
 @contextlib.contextmanager
@@ -432,7 +453,7 @@ def install(executor: PrecompileExecutor | None = None) -> None:
     global _global
     with _lock:
         if _global is not None:
-            _restore(_global)
+            _restore(_global, keep_spare=True)  # the new installation takes it over
         _global = _install(executor)
 
 

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from .. import PrecompileExecutor
-from . import _installed
+from . import _bench_worker, _installed
 
 log = logging.getLogger("precompile_executor.helion")
 
@@ -128,6 +128,8 @@ def start_before_helion() -> bool:
     """
     global _default, _early_device
     if "helion" in sys.modules or os.environ.get(SPAWN_VARIABLE, "").strip() != "spawn":
+        return False
+    if _bench_worker.bootstrapping():  # a spawn child importing its parent's main module
         return False
     jobs_text = os.environ.get(JOBS_VARIABLE, "").strip()
     try:

@@ -1,0 +1,280 @@
+"""Helion's benchmark subprocess started by ``install()``/``use()`` (the spare) and taken by the
+streaming provider (``precompile_executor.helion._bench_worker``).
+
+Real processes throughout: each spare is a spawn child running Helion's own worker loop. There
+is no GPU here, so a spare warms ``"cpu"`` (its warm-up then imports what a benchmark job needs
+and opens no CUDA context) where on a GPU machine it warms ``"cuda:N"``.
+"""
+
+# Helion's decorators are untyped.
+# mypy: disable-error-code="untyped-decorator,no-untyped-def,no-untyped-call"
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+helion = pytest.importorskip("helion")
+torch = pytest.importorskip("torch")
+
+import psutil  # noqa: E402
+from test_faults import _assert_gone  # noqa: E402
+from test_helion import _fork_batch  # noqa: E402
+
+import precompile_executor.helion as peh  # noqa: E402
+from precompile_executor import PrecompileExecutor  # noqa: E402
+from precompile_executor.helion import _bench_worker  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+WAIT_S = 120.0
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def executor() -> Iterator[PrecompileExecutor]:
+    with PrecompileExecutor(2, initializer=peh.import_helion) as ex:
+        yield ex
+
+
+@pytest.fixture(autouse=True)
+def _no_spare_left() -> Iterator[None]:
+    yield
+    left = _bench_worker.spare()
+    _bench_worker.discard()
+    assert left is None, "a test left a spare benchmark worker"
+
+
+def _provider(bound: Any, args: Any) -> Any:
+    from benchmarks._helion_cpu import on_the_cpu
+    from precompile_executor.helion._provider import StreamingBenchmarkProvider
+
+    s = helion.Settings(autotune_precompile="fork", autotune_progress_bar=False)
+    return on_the_cpu(
+        StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
+    )
+
+
+@pytest.mark.timeout(240)
+def test_the_provider_takes_the_spare_that_use_started(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """A spare started under ``use()`` is the provider's benchmark worker: Helion's jobs run in
+    that process, which was warm before the provider existed; ``cleanup()`` ends it."""
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        spare = _bench_worker.prestart("cpu", 30)  # what use() starts on a GPU machine
+        assert spare is not None and _bench_worker.spare() is spare
+        spare.join()
+        assert spare.error is None and spare.result is not None
+        pid = spare.process.pid
+        provider = _provider(bound, args)
+        try:
+            assert provider.__dict__["_early_benchmark_worker"] is spare
+            assert _bench_worker.spare() is None  # taken
+            worker = provider._benchmark_worker
+            assert worker is spare.worker
+            assert worker.run(os.getpid, timeout=60) == pid  # Helion's run(), no cold start
+        finally:
+            provider.cleanup()
+    _assert_gone(pid, timeout_s=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_spare_for_another_device_is_discarded_and_the_provider_starts_its_own(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """A spare warmed for another device than the kernel's is not taken (its CUDA context would
+    be on the wrong GPU): it ends, and the provider starts Helion's worker itself."""
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        spare = _bench_worker.prestart("meta", 30)
+        assert spare is not None
+        provider = _provider(bound, args)  # the kernel's device: cpu
+        try:
+            early = provider.__dict__["_early_benchmark_worker"]
+            assert early is not spare and early.device == "cpu"
+            assert spare.ended is not None and not spare.process.is_alive()
+            worker = provider._benchmark_worker  # after its warm-up's round trip
+            assert worker.run(os.getpid, timeout=120) == early.process.pid
+        finally:
+            provider.cleanup()
+
+
+@pytest.mark.timeout(240)
+def test_a_spare_nobody_takes_ends_with_the_last_installation(
+    executor: PrecompileExecutor,
+) -> None:
+    """Nested ``use()`` blocks keep the spare; when the outermost ends it is killed, warm or
+    still starting."""
+    with peh.use(executor):
+        with peh.use(executor):
+            spare = _bench_worker.prestart("cpu", 30)
+            assert spare is not None
+            assert _bench_worker.prestart("cpu", 30) is None  # one at a time
+        assert _bench_worker.spare() is spare and spare.process.is_alive()
+    assert _bench_worker.spare() is None
+    _assert_gone(spare.process.pid, timeout_s=30)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("env", "gpu", "starts"),
+    [
+        ({}, True, True),
+        ({"HELION_AUTOTUNE_BENCHMARK_SUBPROCESS": "0"}, True, False),
+        ({"WORLD_SIZE": "2"}, True, False),
+        ({"CUDA_VISIBLE_DEVICES": ""}, True, False),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, True, False),
+        ({}, False, False),
+    ],
+    ids=["gpu", "subprocess-off", "torchrun", "no-visible-gpu", "hidden-gpu", "no-gpu"],
+)
+def test_before_helion_a_spare_starts_only_where_helion_will_measure_in_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str], gpu: bool, starts: bool
+) -> None:
+    """Before torch is imported the environment alone decides: Helion's subprocess setting,
+    ``torchrun``'s world size, and a visible NVIDIA GPU (told without asking CUDA)."""
+    for name in ("HELION_AUTOTUNE_BENCHMARK_SUBPROCESS", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    control = tmp_path / "nvidiactl"
+    if gpu:
+        control.touch()
+    monkeypatch.setattr(_bench_worker, "NVIDIA_CONTROL_DEVICE", str(control))
+    monkeypatch.setattr(_bench_worker, "FIRST_GPU", "cpu")
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        assert _bench_worker.gpu_visible() is gpu
+    spare = _bench_worker.prestart_before_helion()
+    assert (spare is not None) is starts
+    if spare is not None:
+        assert spare.device == "cpu"
+        _bench_worker.discard()
+        _assert_gone(spare.process.pid, timeout_s=30)
+
+
+_TOP_OF_PROGRAM = """
+# install() as a program's first lines, before Helion and torch (docs/helion.md). Helion's
+# worker, a spawn child, imports this file again as __mp_main__: these lines run there too.
+import json, os, sys, time
+sys.path[:0] = [{tests!r}, {root!r}]
+from precompile_executor.helion import _bench_worker
+_bench_worker.gpu_visible = lambda: True  # stand-ins: this machine has no GPU
+_bench_worker.FIRST_GPU = "cpu"
+spawned_with = []
+_real_init = _bench_worker.EarlyWorker.__init__
+def _init(self, *a, **kw):
+    spawned_with.append(sorted(m for m in ("helion", "torch") if m in sys.modules))
+    _real_init(self, *a, **kw)
+_bench_worker.EarlyWorker.__init__ = _init
+import precompile_executor.helion as peh
+peh.install()
+
+if __name__ == "__main__":
+    import psutil
+    from test_helion import _fork_batch
+    from test_helion_spare import _provider
+    spare = _bench_worker.spare()
+    out = {{"spawned_with": spawned_with, "pid": spare.process.pid}}
+    spare.join()
+    out["warm"] = spare.error is None
+    # Its own re-import of this file ran install() too, while bootstrapping: nothing started.
+    out["its_children"] = len(psutil.Process(spare.process.pid).children(recursive=True))
+    with _fork_batch(__import__("pathlib").Path(sys.argv[1])) as (bound, args, _ctx):
+        provider = _provider(bound, args)
+        out["taken"] = provider.__dict__["_early_benchmark_worker"] is spare
+        out["ran_in"] = provider._benchmark_worker.run(os.getpid, timeout=60)
+        provider.cleanup()
+    peh.uninstall()
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_install_at_the_top_starts_the_benchmark_worker_beside_the_programs_imports(
+    tmp_path: Path,
+) -> None:
+    """``install()`` before ``import helion``: the spare's process starts before this process
+    imports Helion or torch (so its cold start runs beside them), the provider takes it, and its
+    own import of the program's main module, which calls ``install()`` again while the spawn
+    child bootstraps, starts nothing."""
+    script = tmp_path / "program.py"
+    script.write_text(
+        textwrap.dedent(_TOP_OF_PROGRAM.format(tests=str(Path(__file__).parent), root=str(ROOT)))
+    )
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    env.pop("HELION_AUTOTUNE_PRECOMPILE", None)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["spawned_with"] == [[]]  # one spare, started before helion and torch were here
+    assert out["warm"] and out["taken"]
+    assert out["ran_in"] == out["pid"]
+    assert out["its_children"] == 0
+    _assert_gone(out["pid"], timeout_s=30)
+
+
+_KILLED = """
+import os, signal, sys, time
+from precompile_executor.helion import _bench_worker
+spare = _bench_worker.prestart("cpu", 30)
+print(spare.process.pid, flush=True)
+time.sleep(float(sys.argv[1]))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("after", [0.3, 12.0], ids=["importing", "warm"])
+def test_a_sigkill_of_the_program_leaves_no_spare(after: float) -> None:
+    """The spare dies with the program that started it, killed while the spare still imports
+    Helion (before Helion's own loop arranges that) or after it warmed up."""
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED, str(after)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
+    _assert_gone(int(done.stdout.split()[0]), timeout_s=60)
+
+
+def test_check_refuses_a_changed_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spare runs Helion's ``_worker_loop(connection, device)``: another loop is refused
+    before anything is patched."""
+    from helion.autotuner import benchmark_worker
+
+    def _worker_loop(connection):  # device gone
+        raise AssertionError
+
+    monkeypatch.setattr(benchmark_worker, "_worker_loop", _worker_loop)
+    with pytest.raises(peh.UnsupportedHelionError, match=r"_worker_loop\(connection, device\)"):
+        peh.check_helion()
+
+
+def test_a_process_still_bootstrapping_starts_no_spare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spawn child importing its parent's main module (where ``install()`` may sit) starts no
+    process: multiprocessing would refuse, and the child is not the program."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    assert _bench_worker.bootstrapping()
+    before = {p.pid for p in psutil.Process().children()}
+    assert _bench_worker.prestart("cpu", 30) is None
+    assert _bench_worker.spare() is None
+    assert {p.pid for p in psutil.Process().children()} <= before
