@@ -50,3 +50,11 @@ def on_the_cpu(
         log=AutotuningLogger(settings),
         autotune_metrics=AutotuneMetrics(),
     )
+
+
+def cached_kernel_args() -> int:
+    """How many autotunes' kernel arguments Helion's benchmark worker holds cached (a job for
+    that worker: ``worker.run(cached_kernel_args, timeout=...)``)."""
+    from helion.autotuner.kernel_args import load_trusted_kernel_args
+
+    return int(load_trusted_kernel_args.cache_info().currsize)

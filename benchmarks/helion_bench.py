@@ -19,15 +19,16 @@ Modes (``--modes`` picks): ``native-fork`` (Helion alone, its default), ``ours-f
 ``ours-spawn`` (``with use():``, no argument: in spawn mode the executor is built and warmed in
 the background), ``install-spawn`` (``install()`` as the program's first line, before Helion and
 torch are imported: the executor is built from the environment and its template imports Helion
-beside the program's own imports), ``ours-fork-nonice`` (``ours-fork`` with the precompile
-children at the parent's priority: the A/B of ``_fork_task.NICENESS``), ``ours-fork-idle`` (the
-children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``), ``ours-fork-lateworker`` (Helion's
-benchmark subprocess started by its first measurement, as Helion does: the A/B of
-``_bench_worker.STARTS_EARLY``), ``ours-fork-batched``
-(each batch's code generated first, then its children forked back to back: the A/B of
-``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best
-hand-tuned set-up: ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,),
-devices=[0])``, ``warm_up()``, then ``use(ex)``).
+beside the program's own imports), ``install-fork`` (``install()`` first in fork mode: Helion's
+benchmark worker starts beside the program's imports), ``ours-fork-nonice`` (``ours-fork`` with
+the precompile children at the parent's priority: the A/B of ``_fork_task.NICENESS``),
+``ours-fork-idle`` (the children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``),
+``ours-fork-lateworker`` (Helion's benchmark subprocess started by its first measurement, as
+Helion does: the A/B of ``_bench_worker.STARTS_EARLY``), ``ours-fork-batched`` (each batch's
+code generated first, then its children forked back to back: the A/B of
+``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best hand-tuned set-up:
+``PrecompileExecutor(16, initializer=import_helion, initargs=(target,), devices=[0])``,
+``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
 
 Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
@@ -63,6 +64,7 @@ from typing import Any
 _FORK_MODES = (
     "native-fork",
     "ours-fork",
+    "install-fork",
     "ours-fork-lateworker",
     "ours-fork-nonice",
     "ours-fork-idle",
@@ -74,6 +76,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "matmul": (
         "native-fork",
         "ours-fork",
+        "install-fork",
         "ours-fork-lateworker",
         "ours-fork-idle",
         "ours-fork-batched",
@@ -117,8 +120,8 @@ def shim_intel_gpu_error() -> bool:
 
 
 _PROCESS_STARTED = __import__("psutil").Process().create_time()
-if sys.argv[1:2] == ["--child"] and sys.argv[3:4] == ["install-spawn"]:
-    # The install-spawn run's first line, as a program's: install() before anything imports
+if sys.argv[1:2] == ["--child"] and sys.argv[3:4] in (["install-spawn"], ["install-fork"]):
+    # The install-* runs' first line, as a program's: install() before anything imports
     # Helion or torch (docs/helion.md, "Warm-up off the clock"). Run here, at the top of the
     # child's module, ahead of the shim below, which imports torch.
     import precompile_executor.helion
@@ -298,7 +301,7 @@ def run_scenario(
     with contextlib.ExitStack() as stack:
         # The one line goes first, as a user writes it: the executor warms while we set up.
         t_use = time.monotonic()
-        if mode == "install-spawn":
+        if mode.startswith("install-"):
             pass  # installed at the top of this process, before Helion was imported
         elif mode.startswith("ours"):
             if mode == "ours-fork-nonice":  # the A/B of the children's lower priority
@@ -407,15 +410,21 @@ def run_scenario(
         # Helion's benchmark worker as ours starts it (when, and its warm-up).
         from precompile_executor.helion import _bench_worker
 
-        early: list[Any] = []
-        real_start_early = _bench_worker.start_early
+        early: list[tuple[str, Any]] = []
+        real_start_early, real_take = _bench_worker.start_early, _bench_worker.take
 
         def kept_start_early(*a: Any, **kw: Any) -> Any:
             started = real_start_early(*a, **kw)
-            early.append(started)
+            early.append(("provider", started))
             return started
 
+        def kept_take(*a: Any, **kw: Any) -> Any:
+            taken = real_take(*a, **kw)
+            early.append(("spare", taken))  # started by install()/use(), before the autotune
+            return taken
+
         _bench_worker.start_early = kept_start_early
+        _bench_worker.take = kept_take
         LocalBenchmarkProvider.benchmark = counted  # type: ignore[method-assign]
         PrecompileFuture.wait_for_all = staticmethod(timed_wait)  # type: ignore[method-assign]
         _future.Stream.close = timed_close  # type: ignore[method-assign]
@@ -430,15 +439,16 @@ def run_scenario(
             PrecompileFuture.wait_for_all = staticmethod(real_wait)  # type: ignore[method-assign]
             _future.Stream.close = real_close  # type: ignore[method-assign]
             LocalBenchmarkProvider.benchmark = real_benchmark  # type: ignore[method-assign]
-            _bench_worker.start_early = real_start_early
+            _bench_worker.start_early, _bench_worker.take = real_start_early, real_take
         out["autotune_s"] = time.perf_counter() - t0
         out["bench_workers"] = [
             {
+                "how": how,
                 "warm_s": None if e.ended is None else round(e.ended - e.started, 3),
                 "started_s": round(e.started - t0, 3),
                 "error": None if e.error is None else repr(e.error)[:200],
             }
-            for e in early
+            for how, e in early
             if e is not None
         ]
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}

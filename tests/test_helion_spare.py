@@ -182,7 +182,7 @@ if __name__ == "__main__":
     from test_helion import _fork_batch
     from test_helion_spare import _provider
     spare = _bench_worker.spare()
-    out = {{"spawned_with": spawned_with, "pid": spare.process.pid}}
+    out = {{"spawned_with": list(spawned_with), "pid": spare.process.pid}}
     spare.join()
     out["warm"] = spare.error is None
     # Its own re-import of this file ran install() too, while bootstrapping: nothing started.
@@ -278,3 +278,58 @@ def test_a_process_still_bootstrapping_starts_no_spare(monkeypatch: pytest.Monke
     assert _bench_worker.prestart("cpu", 30) is None
     assert _bench_worker.spare() is None
     assert {p.pid for p in psutil.Process().children()} <= before
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_whose_autotune_ended_serves_the_next_autotune_with_its_caches_released(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """While installed, ``cleanup()`` keeps the provider's healthy worker as the spare instead of
+    Helion's shutdown: the next autotune's provider takes it warm (no cold start), after the
+    kernel arguments Helion's worker cached for the last autotune were dropped. When the
+    installation ends, so does the worker."""
+    import functools
+
+    from helion.autotuner import kernel_args
+
+    saved = tmp_path / "args.pt"
+    torch.save((torch.ones(4),), saved)
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        first = _provider(bound, args)
+        worker = first._benchmark_worker
+        pid = worker._process.pid
+        loaded = worker.run(
+            functools.partial(kernel_args.load_trusted_kernel_args, str(saved)), timeout=60
+        )
+        assert float(loaded[0].sum()) == 4.0
+        from benchmarks._helion_cpu import cached_kernel_args
+
+        assert worker.run(cached_kernel_args, timeout=60) == 1
+        first.cleanup()
+        kept = _bench_worker.spare()
+        assert kept is not None and kept.process.pid == pid and kept.process.is_alive()
+        second = _provider(bound, args)
+        try:
+            assert second.__dict__["_early_benchmark_worker"] is kept
+            again = second._benchmark_worker  # after the release's round trip
+            assert kept.error is None and kept.result == {"pid": pid, "released": True}
+            assert again.run(os.getpid, timeout=60) == pid
+            assert again.run(cached_kernel_args, timeout=60) == 0
+            second.cleanup()
+            assert _bench_worker.spare().process.pid == pid  # kept again, for a third
+        finally:
+            second.cleanup()
+    assert _bench_worker.spare() is None
+    _assert_gone(pid, timeout_s=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_dead_worker_is_not_kept(tmp_path: Path, executor: PrecompileExecutor) -> None:
+    """A worker that died (a kernel that crashed it, a kill) is left to Helion's cleanup."""
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        provider = _provider(bound, args)
+        worker = provider._benchmark_worker
+        worker._process.kill()
+        worker._process.join(timeout=30)
+        provider.cleanup()
+        assert _bench_worker.spare() is None

@@ -91,6 +91,42 @@ class WarmUp:
         return {"pid": os.getpid(), "seconds": time.perf_counter() - t0}
 
 
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """The job a worker runs when its autotune ended and it stays for the next one: Helion's
+    worker keeps every autotune's kernel arguments and baseline output cached by file path
+    (``functools.cache``), on the GPU; drop them and give the memory back.
+
+    Attributes:
+        device: the device it warmed for, kept as the spare's.
+    """
+
+    device: str
+
+    def __call__(self) -> dict[str, Any]:
+        import gc
+
+        import torch
+        from helion.autotuner import benchmark_job, kernel_args
+
+        for cached in RELEASED_CACHES:
+            module = benchmark_job if hasattr(benchmark_job, cached) else kernel_args
+            getattr(module, cached).cache_clear()
+        gc.collect()
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.empty_cache()
+        return {"pid": os.getpid(), "released": True}
+
+
+RELEASED_CACHES = (
+    "load_trusted_kernel_args",
+    "load_private_kernel_args",
+    "_load_trusted_baseline_output",
+)
+"""Helion's worker-side caches keyed by an autotune's files (``kernel_args``, ``benchmark_job``);
+the seam checks that each still has ``cache_clear``."""
+
+
 def serve(connection: Any, parent_pid: int) -> None:
     """A spare's process: Helion's benchmark worker loop, entered as Helion's own worker enters
     it, after dying with the parent is arranged (Helion's loop arranges it only after
@@ -112,7 +148,9 @@ class EarlyWorker:
     thread. ``worker`` is Helion's ``BenchmarkWorker`` over them (``None`` for a spare that no
     provider adopted yet)."""
 
-    def __init__(self, process: Any, connection: Any, job: WarmUp, timeout: float) -> None:
+    def __init__(
+        self, process: Any, connection: Any, job: WarmUp | Release, timeout: float
+    ) -> None:
         self.process = process
         self.connection = connection
         self.device = job.device
@@ -121,6 +159,7 @@ class EarlyWorker:
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self.ended: float | None = None
+        self._stopping = False  # stop() or discard() kills it on purpose: no warning then
         self._thread = threading.Thread(
             target=self._warm, args=(job, timeout), name="precompile-bench-warm", daemon=True
         )
@@ -145,7 +184,7 @@ class EarlyWorker:
         self.worker = worker
         return worker
 
-    def _warm(self, job: WarmUp, timeout: float) -> None:
+    def _warm(self, job: WarmUp | Release, timeout: float) -> None:
         try:
             self.connection.send(job)
             if not self.connection.poll(timeout):
@@ -158,7 +197,8 @@ class EarlyWorker:
             # A worker that cannot open its CUDA context would fail every config's measurement:
             # stop it, and Helion's first real job starts a new one, as without this module.
             self.error = error
-            _log.warning("Helion's benchmark worker did not warm up (%r); restarting it", error)
+            if not self._stopping:
+                _log.warning("Helion's benchmark worker did not warm up (%r); restarting it", error)
             self._kill()  # not alive() after it: Helion's next run() starts anew
             with contextlib.suppress(Exception):
                 self.connection.close()  # this thread's own poll is over
@@ -183,11 +223,13 @@ class EarlyWorker:
         """Kill the worker's process if its warm-up is still running, then wait for the round
         trip to end (it ends at once: the pipe closes). After the warm-up: nothing to stop."""
         if self.ended is None:
+            self._stopping = True
             self._kill()
         self.join()
 
     def discard(self) -> None:
         """End it for good (a spare nobody took): the process and the pipe."""
+        self._stopping = True
         self._kill()
         self.join()
         with contextlib.suppress(Exception):
@@ -342,6 +384,27 @@ def take(device: Any) -> EarlyWorker | None:
         return None
     spare.adopt()
     return spare
+
+
+def keep(worker: Any, device: Any) -> bool:
+    """Keep Helion's ``worker``, whose autotune ended, as the spare for the next autotune on
+    ``device`` (instead of Helion's shutdown): while ``install()`` or ``use()`` is active, it is
+    alive and healthy, and no spare is there. It first releases the autotune's cached arguments
+    (:class:`Release`). Returns whether it was kept; if not, the caller shuts it down."""
+    global _spare
+    from . import _installed
+
+    if not STARTS_EARLY or not _installed.installed():
+        return False
+    if getattr(worker, "_fatal_error", None) is not None or not worker.alive():
+        return False
+    process, connection = worker._process, worker._parent_connection
+    timeout = WARM_UP_TIMEOUT_FLOOR_S
+    with _lock:
+        if _spare is not None:
+            return False
+        _spare = EarlyWorker(process, connection, Release(device_key(device)), timeout)
+    return True
 
 
 def discard() -> None:

@@ -167,6 +167,9 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         early = self.__dict__.get("_early_benchmark_worker")
         if early is not None:
             early.stop()  # still cold-starting (an autotune cut short): no wait for it
+        worker = self._benchmark_worker
+        if worker is not None and _bench_worker.keep(worker, self.kernel.env.device):
+            self._benchmark_worker = None  # warm for the next autotune: Helion's cleanup skips it
         super().cleanup()
 
     # -- the baseline, deferred in fork mode -----------------------------------------------------

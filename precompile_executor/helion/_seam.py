@@ -284,6 +284,14 @@ def _provider_problems() -> list[str]:
     loop = getattr(benchmark_worker, "_worker_loop", None)
     if not inspect.isfunction(loop) or _params(loop) != ("connection", "device"):
         problems.append("benchmark_worker._worker_loop(connection, device) is missing or changed")
+    from helion.autotuner import benchmark_job, kernel_args
+
+    from ._bench_worker import RELEASED_CACHES
+
+    for cached in RELEASED_CACHES:
+        fn = getattr(benchmark_job, cached, None) or getattr(kernel_args, cached, None)
+        if not hasattr(fn, "cache_clear"):
+            problems.append(f"Helion's worker-side cache {cached} is missing or not a cache")
     fields = {f.name for f in dataclasses.fields(Settings)}
     for name in _WORKER_SETTINGS:
         if name not in fields:
