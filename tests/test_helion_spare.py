@@ -333,3 +333,37 @@ def test_a_dead_worker_is_not_kept(tmp_path: Path, executor: PrecompileExecutor)
         worker._process.join(timeout=30)
         provider.cleanup()
         assert _bench_worker.spare() is None
+
+
+@pytest.mark.timeout(240)
+def test_every_job_runs_with_the_triton_variables_the_autotune_has_when_it_sends_it(
+    tmp_path: Path, executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spare was spawned with the program's ``TRITON_*`` variables; Helion sets its own for the
+    autotune (a temporary ``TRITON_CACHE_DIR`` the precompiles fill, ``TRITON_LOCAL_BUILD``).
+    Each job runs with the autotuning process's variables of the moment, as in Helion's own worker,
+    spawned inside the autotune — not with the spare's, which would compile every config again."""
+    import functools
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "programs-cache"))
+    monkeypatch.delenv("TRITON_LOCAL_BUILD", raising=False)
+    with peh.use(executor):
+        spare = _bench_worker.prestart("cpu", 30)
+        assert spare is not None
+        with _fork_batch(tmp_path) as (bound, args, _ctx):  # TRITON_CACHE_DIR: the autotune's
+            provider = _provider(bound, args)
+            try:
+                assert provider.__dict__["_early_benchmark_worker"] is spare
+                worker = provider._benchmark_worker
+                monkeypatch.setenv("TRITON_LOCAL_BUILD", "1")  # as Helion sets it, later still
+                cache, local = (
+                    functools.partial(os.getenv, n)
+                    for n in ("TRITON_CACHE_DIR", "TRITON_LOCAL_BUILD")
+                )
+                assert worker.run(cache, timeout=60) == str(tmp_path / "triton")
+                assert worker.run(local, timeout=60) == "1"
+                # ... for the job only: the worker's own variables are put back after it
+                helions_run = type(worker).__mro__[1].run
+                assert helions_run(worker, local, 60) is None
+            finally:
+                provider.cleanup()

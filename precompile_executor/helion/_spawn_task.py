@@ -58,7 +58,8 @@ def triton_environment() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _environment(wanted: Mapping[str, str]) -> Iterator[None]:
+def in_triton_environment(wanted: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, this process's ``TRITON_*`` variables are exactly ``wanted``."""
     saved = triton_environment()
     for key in saved.keys() - wanted.keys():
         del os.environ[key]
@@ -114,7 +115,7 @@ class GeneratedKernel:
 
         from ._lease import device_lease
 
-        with _environment(self.triton_env):
+        with in_triton_environment(self.triton_env):
             fn = _load(self.spec, self.key)
             if _takes_launcher(fn):
                 # Compile only: no kernel runs, no lease. Anything unexpected here is left to the
