@@ -13,6 +13,13 @@ argument both build the process's executor for Helion once (``import_helion`` in
 template, the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warm
 it in the background; ``use(ex)`` takes an executor of your own.
 
+Fastest is ``install()`` as the program's first lines, before ``import torch`` and ``import
+helion``: Helion's benchmark subprocess (and, in spawn mode, the executor's template) then starts
+beside the program's own imports.
+
+* **Helion's benchmark subprocess, started ahead**: ``install()`` and ``use()`` start Helion's
+  measuring worker (its own loop) before the autotune needs it; the autotune takes it over, and
+  while installed it stays warm for the next autotune.
 * **Streaming**: every search's benchmark provider becomes :class:`StreamingBenchmarkProvider`,
   which submits each config's precompile as soon as Helion generated its code and benchmarks each
   config as soon as its precompile succeeds, in completion order; each result is Helion's own.

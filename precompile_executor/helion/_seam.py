@@ -426,8 +426,10 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
-    the background at once. Helion's originals are put back on exit, also on an exception.
-    Blocks nest; the innermost wins.
+    the background at once. Helion's benchmark subprocess is started at once too (where Helion
+    will measure in one), and the autotune takes it over; the outermost block's end kills it.
+    Helion's originals are put back on exit, also on an exception. Blocks nest; the innermost
+    wins.
 
     Example::
 
@@ -453,7 +455,11 @@ def install(executor: PrecompileExecutor | None = None) -> None:
     the process's executor for Helion, as :func:`use` builds it).
 
     The process-wide form of :func:`use`; :func:`uninstall` undoes it. Installing again
-    replaces the executor.
+    replaces the executor. Called as the program's first lines, before ``import torch`` and
+    ``import helion``, it starts Helion's benchmark subprocess (and, in spawn mode, the
+    executor's template) beside the program's own imports; while installed, that subprocess
+    stays warm from one autotune to the next (docs/helion.md, "Helion's benchmark subprocess,
+    started before the autotune").
 
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
