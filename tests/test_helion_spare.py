@@ -367,3 +367,27 @@ def test_every_job_runs_with_the_triton_variables_the_autotune_has_when_it_sends
                 assert helions_run(worker, local, 60) is None
             finally:
                 provider.cleanup()
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_whose_job_was_cut_short_is_not_kept(
+    tmp_path: Path, executor: PrecompileExecutor
+) -> None:
+    """Ctrl-C while the provider waits for a job leaves that job's answer on its way down the
+    pipe: such a worker would hand it to the next autotune's first job, so it is not kept."""
+    import _thread
+    import functools
+    import threading
+    import time
+
+    with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
+        provider = _provider(bound, args)
+        worker = provider._benchmark_worker
+        pid = worker._process.pid
+        threading.Timer(1.0, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            worker.run(functools.partial(time.sleep, 6), timeout=60)
+        assert worker.alive() and not worker.idle
+        provider.cleanup()
+        assert _bench_worker.spare() is None
+    _assert_gone(pid, timeout_s=30)

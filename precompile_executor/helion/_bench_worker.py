@@ -166,8 +166,22 @@ def worker_class() -> type:
         from ._spawn_task import triton_environment
 
         class InTheAutotunesEnvironment(BenchmarkWorker):  # type: ignore[misc]
+            idle = True
+            """Whether no job's round trip is open: ``False`` while ``run`` waits, and after a
+            wait cut short (Ctrl-C) whose answer may still come down the pipe — such a worker
+            is never kept for another autotune (:func:`keep`)."""
+
             def run(self, job: Any, timeout: float) -> Any:
-                return super().run(InTritonEnvironment(job, triton_environment()), timeout)
+                self.idle = False
+                try:
+                    result = super().run(InTritonEnvironment(job, triton_environment()), timeout)
+                except Exception:
+                    # The job's own error came back, or Helion killed the worker (a timeout, a
+                    # death): either way nothing more comes down this pipe.
+                    self.idle = True
+                    raise
+                self.idle = True
+                return result
 
         _worker_class = InTheAutotunesEnvironment
     return _worker_class
@@ -431,14 +445,17 @@ def take(device: Any) -> EarlyWorker | None:
 def keep(worker: Any, device: Any) -> bool:
     """Keep Helion's ``worker``, whose autotune ended, as the spare for the next autotune on
     ``device`` (instead of Helion's shutdown): while ``install()`` or ``use()`` is active, it is
-    alive and healthy, and no spare is there. It first releases the autotune's cached arguments
-    (:class:`Release`). Returns whether it was kept; if not, the caller shuts it down."""
+    alive, healthy and idle (no round trip open), and no spare is there. It first releases the
+    autotune's cached arguments (:class:`Release`). Returns whether it was kept; if not, the
+    caller shuts it down."""
     global _spare
     from . import _installed
 
     if not STARTS_EARLY or not _installed.installed():
         return False
     if getattr(worker, "_fatal_error", None) is not None or not worker.alive():
+        return False
+    if not getattr(worker, "idle", False):  # a wait cut short: its answer may still come
         return False
     process, connection = worker._process, worker._parent_connection
     timeout = WARM_UP_TIMEOUT_FLOOR_S
