@@ -391,3 +391,25 @@ def test_a_worker_whose_job_was_cut_short_is_not_kept(
         provider.cleanup()
         assert _bench_worker.spare() is None
     _assert_gone(pid, timeout_s=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_does_not_take_its_parents_spare() -> None:
+    """A process forked after the spare started (a data-loader worker, an autotune in a forked
+    pool worker) starts with no spare: the parent's is not its child to use, test or kill."""
+    spare = _bench_worker.prestart("cpu", 30)
+    assert spare is not None
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only, never return
+            try:
+                ok = _bench_worker.spare() is None and _bench_worker.take("cpu") is None
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _bench_worker.spare() is spare and spare.process.is_alive()  # the parent's, intact
+    finally:
+        _bench_worker.discard()
+    _assert_gone(spare.process.pid, timeout_s=30)

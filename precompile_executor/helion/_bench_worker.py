@@ -328,6 +328,17 @@ _lock = threading.Lock()
 _spare: EarlyWorker | None = None
 
 
+def _forget_spare_in_child() -> None:
+    # A forked child (a DataLoader worker, our own fork path's compile children) does not own
+    # the parent's spare: multiprocessing refuses to even test a process that is not its child.
+    global _lock, _spare
+    _lock = threading.Lock()
+    _spare = None
+
+
+os.register_at_fork(after_in_child=_forget_spare_in_child)
+
+
 def bootstrapping() -> bool:
     """Whether this process is a spawn child still importing its parent's main module (which
     may call ``install()`` at its top): it must start no process. The flag is the one CPython's
