@@ -64,13 +64,13 @@ def _provider(bound: Any, args: Any) -> Any:
 
 
 @pytest.mark.timeout(240)
-def test_the_provider_takes_the_spare_that_use_started(
+def test_the_provider_takes_the_spare_started_before_it(
     tmp_path: Path, executor: PrecompileExecutor
 ) -> None:
-    """A spare started under ``use()`` is the provider's benchmark worker: Helion's jobs run in
-    that process, which was warm before the provider existed; ``cleanup()`` ends it."""
+    """A spare started before the provider is its benchmark worker: Helion's jobs run in
+    that process, which was warm before the provider existed; the block's end ends it."""
     with _fork_batch(tmp_path) as (bound, args, _ctx), peh.use(executor):
-        spare = _bench_worker.prestart("cpu", 30)  # what use() starts on a GPU machine
+        spare = _bench_worker.prestart("cpu", 30)  # what install() starts on a GPU machine
         assert spare is not None and _bench_worker.spare() is spare
         spare.join()
         assert spare.error is None and spare.result is not None
@@ -413,3 +413,21 @@ def test_a_forked_child_does_not_take_its_parents_spare() -> None:
     finally:
         _bench_worker.discard()
     _assert_gone(spare.process.pid, timeout_s=30)
+
+
+def test_install_starts_a_spare_and_a_use_block_leaves_the_start_to_its_autotune(
+    monkeypatch: pytest.MonkeyPatch, executor: PrecompileExecutor
+) -> None:
+    """``install()`` (one per process, kept across autotunes) starts the spare at once; a
+    ``use()`` block entered with Helion imported does not: a block that autotunes nothing would
+    start and kill a process for nothing, and its autotune's provider starts the worker."""
+    calls: list[str] = []
+    monkeypatch.setattr(_bench_worker, "prestart_with_torch", lambda: calls.append("prestart"))
+    with peh.use(executor):
+        pass
+    assert calls == []
+    peh.install(executor)
+    try:
+        assert calls == ["prestart"]
+    finally:
+        peh.uninstall()

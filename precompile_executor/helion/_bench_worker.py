@@ -8,17 +8,23 @@ on the autotuner's critical path (docs/gpu-runs.md, session 9: the first measure
 run). A worker here is that same process — Helion's own loop, ``_worker_loop``, serving Helion's
 jobs over its pipe — started earlier, in one of two ways:
 
-* **the spare** (:func:`prestart`): ``install()`` and ``use()`` start one, adopted by the first
-  provider built for its device (:func:`take`). Called at the top of a program, before Helion and
-  torch are imported (:func:`prestart_before_helion`), its cold start runs beside the program's
-  own imports and is over before the autotune begins; called later (:func:`prestart_with_torch`),
-  it still starts before the program's inputs and Helion's set-up. Its process is spawned without
-  importing Helion here (:func:`serve` imports it in the child); the provider wraps it in a
-  ``BenchmarkWorker`` of its own (:meth:`EarlyWorker.adopt`). The last installation to go
-  (``uninstall()``, the end of the outermost ``use()`` block) kills a spare nobody took.
+* **the spare** (:func:`prestart`): ``install()`` starts one, adopted by the first provider
+  built for its device (:func:`take`). Called at the top of a program, before Helion and torch
+  are imported (:func:`prestart_before_helion`; ``use()`` there too), its cold start runs beside
+  the program's own imports and is over before the autotune begins; called later
+  (:func:`prestart_with_torch`), it still starts before the program's inputs and Helion's set-up.
+  A ``use()`` block entered later starts none (a block that autotunes nothing would start and
+  kill a process for nothing). Its process is spawned without importing Helion here
+  (:func:`serve` imports it in the child); the provider wraps it in a ``BenchmarkWorker`` of its
+  own (:meth:`EarlyWorker.adopt`). The last installation to go (``uninstall()``, the end of the
+  outermost ``use()`` block) kills a spare nobody took.
 * **the provider's own** (:func:`start_early`): where no spare fits (another device, none
   started), the provider starts Helion's worker when it is built.
+* **kept** (:func:`keep`): while installed, a healthy, idle worker whose autotune ended becomes
+  the spare for the next autotune, its cached arguments released first (:class:`Release`).
 
+Each job runs with the autotuning process's ``TRITON_*`` variables of the moment
+(:class:`InTritonEnvironment`), as in Helion's own worker, which is spawned inside the autotune.
 Either way the worker first runs :class:`WarmUp` (the imports every benchmark job needs, the
 CUDA context on the kernel's device) in a round trip on a background thread, and is afterwards
 Helion's, used exactly as Helion uses it (its timeouts, its respawn after a timeout or a sticky
@@ -405,8 +411,8 @@ def gpu_visible() -> bool:
 
 
 def prestart_with_torch() -> EarlyWorker | None:
-    """``install()`` or ``use()`` with Helion imported: start the spare for the current CUDA
-    device, if Helion's default settings measure in a subprocess and CUDA is available."""
+    """``install()`` with Helion imported: start the spare for the current CUDA device, if
+    Helion's default settings measure in a subprocess and CUDA is available."""
     import torch
     from helion.runtime.settings import Settings
 

@@ -330,7 +330,7 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
 # -- installing ------------------------------------------------------------------------------------
 
 
-def _install(executor: PrecompileExecutor | None) -> _Installation:
+def _install(executor: PrecompileExecutor | None, *, process_wide: bool) -> _Installation:
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
     from . import _bench_worker, _warm
@@ -349,7 +349,11 @@ def _install(executor: PrecompileExecutor | None) -> _Installation:
         if not installed():
             _bench_worker.discard()
         raise
-    _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
+    if process_wide:
+        # install(): one spare per process, kept warm across autotunes. A use() block leaves
+        # the start to its autotune's provider: blocks that autotune nothing (a kernel already
+        # tuned) would each start and kill a process for nothing.
+        _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
@@ -426,10 +430,10 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
-    the background at once. Helion's benchmark subprocess is started at once too (where Helion
-    will measure in one), and the autotune takes it over; the outermost block's end kills it.
-    Helion's originals are put back on exit, also on an exception. Blocks nest; the innermost
-    wins.
+    the background at once. An autotune in the block starts Helion's benchmark subprocess when
+    its provider is built and, at its end, keeps it warm for the block's next autotune; the
+    outermost block's end kills it. Helion's originals are put back on exit, also on an
+    exception. Blocks nest; the innermost wins.
 
     Example::
 
@@ -440,7 +444,7 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
         UnsupportedHelionError: the installed Helion is not a supported version (nothing is
             patched).
     """
-    entry = _install(executor)
+    entry = _install(executor, process_wide=False)
     try:
         yield entry.executor
     finally:
@@ -468,7 +472,7 @@ def install(executor: PrecompileExecutor | None = None) -> None:
     with _lock:
         if _global is not None:
             _restore(_global, keep_spare=True)  # the new installation takes it over
-        _global = _install(executor)
+        _global = _install(executor, process_wide=True)
 
 
 def uninstall() -> None:
