@@ -64,7 +64,7 @@ export PYTHONPATH=/tmp/site-shim:/tmp/site:$PWD
 case "${1:-tests}" in
   tests)
     timeout "${TESTS_TIMEOUT:-560}" python3 -m pytest -v -p no:cacheprovider -rfEs \
-      ${TESTS:-tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py tests/test_helion.py} \
+      ${TESTS:-tests/test_gpu.py tests/test_triton.py tests/test_devices.py tests/test_faults.py tests/test_helion.py tests/test_helion_spare.py} \
       > "$OUT/tests.txt" 2>&1; tail -40 "$OUT/tests.txt" ;;
   starts)
     timeout "${STARTS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 16 --configs "${CONFIGS:-64}" --repeats 1 --only s8 \

@@ -1562,17 +1562,27 @@ def test_gpu_ctrl_c_during_a_batch_leaves_no_process() -> None:
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_gpu_sigkill_of_the_autotuning_process_leaves_no_process_and_no_gpu_memory() -> None:
+@pytest.mark.parametrize("first", ["use", "install"], ids=["use", "install-first"])
+def test_gpu_sigkill_of_the_autotuning_process_leaves_no_process_and_no_gpu_memory(
+    first: str,
+) -> None:
+    """``install-first``: ``install()`` as the program's first lines, so the tree also holds
+    the spare benchmark worker (docs/helion.md, "Helion's benchmark subprocess, started before
+    the autotune") and the template the environment's spawn mode started early."""
     import psutil
 
+    top = "    import precompile_executor.helion as peh\n    peh.install()\n"
     script = (
-        _GPU_PRELUDE
-        + """
+        (top if first == "install" else "")
+        + _GPU_PRELUDE
+        + f"""
     if __name__ == "__main__":
+        import contextlib
         x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
         add.settings.autotune_precompile = "spawn"
         add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=16)
-        with peh.use(), inject_fault("hang", every=1):
+        with {"peh.use()" if first == "use" else "contextlib.nullcontext()"}, \\
+                inject_fault("hang", every=1):
             print("STARTED", flush=True)
             add.autotune((x, y), force=True)
     """
