@@ -431,3 +431,29 @@ def test_install_starts_a_spare_and_a_use_block_leaves_the_start_to_its_autotune
         assert calls == ["prestart"]
     finally:
         peh.uninstall()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("subprocess_setting", ["1", "0"])
+def test_install_after_helion_starts_a_spare_without_initialising_cuda_here(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, subprocess_setting: str
+) -> None:
+    """``install()`` with torch and Helion imported reads Helion's default settings and, where a
+    GPU is visible, starts the spare for the current device — without initialising CUDA in the
+    program (a later fork of it could not use CUDA; until it is initialised the device is 0)."""
+    monkeypatch.setenv("HELION_AUTOTUNE_BENCHMARK_SUBPROCESS", subprocess_setting)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    control = tmp_path / "nvidiactl"
+    control.touch()
+    monkeypatch.setattr(_bench_worker, "NVIDIA_CONTROL_DEVICE", str(control))
+    spare = _bench_worker.prestart_with_torch()
+    try:
+        assert not torch.cuda.is_initialized()
+        if subprocess_setting == "0":
+            assert spare is None
+        else:
+            assert spare is not None and spare.device == "cuda:0"
+    finally:
+        _bench_worker.discard()
+    if spare is not None:
+        _assert_gone(spare.process.pid, timeout_s=30)

@@ -412,17 +412,21 @@ def gpu_visible() -> bool:
 
 def prestart_with_torch() -> EarlyWorker | None:
     """``install()`` with Helion imported: start the spare for the current CUDA device, if
-    Helion's default settings measure in a subprocess and CUDA is available."""
+    Helion's default settings measure in a subprocess and a GPU is visible (told without asking
+    CUDA, as :func:`gpu_visible` does)."""
     import torch
     from helion.runtime.settings import Settings
 
     if spare() is not None:  # install() at the top started it: leave CUDA alone here
         return None
     settings = Settings()
-    if not wants_worker(settings) or not torch.cuda.is_available():
+    if not wants_worker(settings) or not gpu_visible():
         return None
-    device = f"cuda:{torch.cuda.current_device()}"
-    return prestart(device, float(settings.autotune_benchmark_timeout))
+    # Not torch.cuda.current_device() before CUDA is initialised: it would initialise it here
+    # (and the driver, which a later fork of this process cannot use); until then it is 0.
+    initialised = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    index = torch.cuda.current_device() if initialised else 0
+    return prestart(f"cuda:{index}", float(settings.autotune_benchmark_timeout))
 
 
 def _int_env(name: str, default: int) -> int:
