@@ -1014,6 +1014,21 @@ with PrecompileExecutor(2) as ex, peh.use(ex), compile_only_driver(parse_target(
 """
 
 
+def _pid_printed_before_its_sigkill(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """Run a script that prints a pid and then SIGKILLs itself; check that it did, return the
+    pid (whose process should die with the script)."""
+    done = subprocess.run(
+        [sys.executable, "-c", *argv],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
+    return int(done.stdout.split()[0])
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("after", [0.5, 8.0], ids=["warming", "warm"])
 def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
@@ -1022,16 +1037,8 @@ def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
     """The worker started early is Helion's: it dies with the autotuning process, killed while
     the worker still starts or after it warmed up."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED_SCRIPT, str(Path(__file__).parent), str(after)],
-        cwd=Path(__file__).parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
-    _assert_gone(int(done.stdout.split()[0]), timeout_s=60)
+    argv = [_KILLED_SCRIPT, str(Path(__file__).parent), str(after)]
+    _assert_gone(_pid_printed_before_its_sigkill(argv, env), timeout_s=60)
 
 
 @pytest.mark.timeout(240)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 import psutil  # noqa: E402
 from test_faults import _assert_gone  # noqa: E402
-from test_helion import _fork_batch  # noqa: E402
+from test_helion import _fork_batch, _pid_printed_before_its_sigkill  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
@@ -243,15 +242,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_sigkill_of_the_program_leaves_no_spare(after: float) -> None:
     """The spare dies with the program that started it, killed while the spare still imports
     Helion (before Helion's own loop arranges that) or after it warmed up."""
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED, str(after)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
-    _assert_gone(int(done.stdout.split()[0]), timeout_s=60)
+    _assert_gone(_pid_printed_before_its_sigkill([_KILLED, str(after)]), timeout_s=60)
 
 
 def test_check_refuses_a_changed_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:
