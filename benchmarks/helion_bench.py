@@ -15,18 +15,18 @@ Scenarios (``--only`` takes their names):
 * ``matmul``: matmul 4096³ fp16, seeded ``RandomSearch`` of 32;
 * ``lfbo``: the same matmul under Helion's default search (LFBO tree search, effort "quick").
 
-Modes (``--modes`` picks): ``native-fork`` (Helion alone, its default), ``ours-fork`` and
-``ours-spawn`` (``with use():``, no argument: in spawn mode the executor is built and warmed in
-the background), ``install-spawn`` (``install()`` as the program's first line, before Helion and
-torch are imported: the executor is built from the environment and its template imports Helion
-beside the program's own imports), ``install-fork`` (``install()`` first in fork mode: Helion's
-benchmark worker starts beside the program's imports), ``ours-fork-nonice`` (``ours-fork`` with
-the precompile children at the parent's priority: the A/B of ``_fork_task.NICENESS``),
-``ours-fork-idle`` (the children under ``SCHED_IDLE``: ``_fork_task.IDLE_PRIORITY``),
-``ours-fork-lateworker`` (Helion's benchmark subprocess started by its first measurement, as
-Helion does: the A/B of ``_bench_worker.STARTS_EARLY``), ``ours-fork-batched`` (each batch's
-code generated first, then its children forked back to back: the A/B of
-``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best hand-tuned set-up:
+Modes (``--modes`` picks; ``SCENARIO:MODE`` picks one for that scenario only): ``native-fork``
+(Helion alone, its default), ``ours-fork`` and ``ours-spawn`` (``with use():``, no argument: in
+spawn mode the executor is built and warmed in the background), ``install-spawn`` (``install()`` as
+the program's first line, before Helion and torch are imported: the executor is built from the
+environment and its template imports Helion beside the program's own imports), ``install-fork``
+(``install()`` first in fork mode: Helion's benchmark worker starts beside the program's imports),
+``ours-fork-nonice`` (``ours-fork`` with the precompile children at the parent's priority: the A/B
+of ``_fork_task.NICENESS``), ``ours-fork-idle`` (the children under ``SCHED_IDLE``:
+``_fork_task.IDLE_PRIORITY``), ``ours-fork-lateworker`` (Helion's benchmark subprocess started by
+its first measurement, as Helion does: the A/B of ``_bench_worker.STARTS_EARLY``),
+``ours-fork-batched`` (each batch's code generated first, then its children forked back to back: the
+A/B of ``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best hand-tuned set-up:
 ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,), devices=[0])``,
 ``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
@@ -692,6 +692,18 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _mode_choice(text: str) -> str:
+    """``--modes`` entry: a mode (every scenario that has it) or ``SCENARIO:MODE``."""
+    scenario, _, mode = text.rpartition(":")
+    known = SCENARIOS.get(scenario) if scenario else {m for ms in SCENARIOS.values() for m in ms}
+    if known is None or mode not in known:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a mode of {scenario or 'any scenario'}; modes: "
+            + ", ".join(sorted({m for ms in SCENARIOS.values() for m in ms}))
+        )
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: the whole run, or one scenario with ``--child``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -702,8 +714,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="*", choices=sorted(SCENARIOS), help="scenarios to run (default: all)"
     )
-    modes = sorted({m for ms in SCENARIOS.values() for m in ms})
-    parser.add_argument("--modes", nargs="*", choices=modes, help="modes to run (default: all)")
+    parser.add_argument(
+        "--modes",
+        nargs="*",
+        type=_mode_choice,
+        help="modes to run (default: all); SCENARIO:MODE picks a mode for one scenario only",
+    )
     parser.add_argument(
         "--compile-timeout",
         type=float,
@@ -758,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         (scenario, mode)
         for scenario in args.only or list(SCENARIOS)
         for mode in SCENARIOS[scenario]
-        if not args.modes or mode in args.modes
+        if not args.modes or mode in args.modes or f"{scenario}:{mode}" in args.modes
     ]
     rows = []
     start, longest = time.perf_counter(), 0.0
