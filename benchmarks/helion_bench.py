@@ -718,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         "--modes",
         nargs="*",
         type=_mode_choice,
-        help="modes to run (default: all); SCENARIO:MODE picks a mode for one scenario only",
+        help="modes to run, in this order (default: all); SCENARIO:MODE: for one scenario only",
     )
     parser.add_argument(
         "--compile-timeout",
@@ -776,6 +776,14 @@ def main(argv: list[str] | None = None) -> int:
         for mode in SCENARIOS[scenario]
         if not args.modes or mode in args.modes or f"{scenario}:{mode}" in args.modes
     ]
+    if args.modes:  # a round runs a scenario's modes in the order --modes names them
+        order = {m: i for i, m in enumerate(args.modes)}
+        plan.sort(
+            key=lambda sm: (
+                (args.only or list(SCENARIOS)).index(sm[0]),
+                order.get(f"{sm[0]}:{sm[1]}", order.get(sm[1], 0)),
+            )
+        )
     rows = []
     start, longest = time.perf_counter(), 0.0
     with tempfile.TemporaryDirectory(prefix="helion-bench-") as tmp:
