@@ -82,7 +82,8 @@ case "${1:-tests}" in
       2>&1 | tee "$OUT/warm-probe.log" ;;
   helion)
     # HELION_ONLY="skew matmul" picks scenarios, HELION_MODES="native-fork ours-fork" modes,
-    # HELION_ROUNDS the interleaved rounds (default 3); no run starts past HELION_DEADLINE s.
+    # ("skew:ours-fork": for one scenario), HELION_ROUNDS the interleaved rounds (default 3); a
+    # scenario's round starts only if its modes' longest runs so far end before HELION_DEADLINE s.
     timeout "${HELION_TIMEOUT:-560}" python3 -m benchmarks.helion_bench --out "$OUT/helion-bench.md" \
       --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
       --deadline "${HELION_DEADLINE:-540}" ${HELION_ONLY:+--only $HELION_ONLY} \

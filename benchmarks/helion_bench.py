@@ -729,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deadline",
         type=float,
-        help="start no run past this many seconds minus the longest run so far; report then",
+        help="start no scenario's round (nor run) that its modes' longest runs so far say would "
+        "end past this many seconds; report then",
     )
     parser.add_argument(
         "--merge",
@@ -785,31 +786,44 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     rows = []
-    start, longest = time.perf_counter(), 0.0
+    start = time.perf_counter()
+    took: dict[tuple[str, str], float] = {}  # (scenario, mode): its longest run so far
+
+    def expected(pairs: list[tuple[str, str]]) -> float:
+        longest = max(took.values(), default=0.0)
+        return sum(took.get(pair, longest) for pair in pairs)
+
     with tempfile.TemporaryDirectory(prefix="helion-bench-") as tmp:
         for round_ in range(args.rounds):
-            for scenario, mode in plan:
-                elapsed = time.perf_counter() - start
-                if args.deadline is not None and elapsed + longest > args.deadline:
-                    print(f"== deadline: not starting round {round_ + 1} {scenario} {mode}")
-                    continue
-                print(f"== round {round_ + 1} {scenario} {mode}", flush=True)
-                t0 = time.perf_counter()
-                row = _child(
-                    scenario,
-                    mode,
-                    args.quick,
-                    args.timeout,
-                    Path(tmp),
-                    str(round_),
-                    args.compile_timeout,
-                )
-                longest = max(longest, time.perf_counter() - t0)
-                row["round"] = round_ + 1
-                print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
-                if "error" in row:
-                    print(row.get("log", ""), flush=True)
-                rows.append(row)
+            for scenario in dict.fromkeys(s for s, _ in plan):
+                group = [(s, m) for s, m in plan if s == scenario]
+                # A round of a scenario runs whole or not at all where the deadline is known to
+                # cut it: an unpaired run costs device time and gives no ratio.
+                if args.deadline is not None:
+                    if time.perf_counter() - start + expected(group) > args.deadline:
+                        print(f"== deadline: not starting round {round_ + 1} {scenario}")
+                        continue
+                for pair in group:
+                    elapsed = time.perf_counter() - start
+                    if args.deadline is not None and elapsed + expected([pair]) > args.deadline:
+                        print(f"== deadline: not starting round {round_ + 1} {' '.join(pair)}")
+                        continue
+                    print(f"== round {round_ + 1} {' '.join(pair)}", flush=True)
+                    t0 = time.perf_counter()
+                    row = _child(
+                        *pair,
+                        args.quick,
+                        args.timeout,
+                        Path(tmp),
+                        str(round_),
+                        args.compile_timeout,
+                    )
+                    took[pair] = max(took.get(pair, 0.0), time.perf_counter() - t0)
+                    row["round"] = round_ + 1
+                    print(json.dumps({k: v for k, v in row.items() if k != "log"}), flush=True)
+                    if "error" in row:
+                        print(row.get("log", ""), flush=True)
+                    rows.append(row)
     text = report(rows, info)
     print(text)
     if args.out:
