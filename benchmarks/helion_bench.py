@@ -694,12 +694,12 @@ def phase_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def _mode_choice(text: str) -> str:
     """``--modes`` entry: a mode (every scenario that has it) or ``SCENARIO:MODE``."""
+    every = sorted({m for ms in SCENARIOS.values() for m in ms})
     scenario, _, mode = text.rpartition(":")
-    known = SCENARIOS.get(scenario) if scenario else {m for ms in SCENARIOS.values() for m in ms}
+    known = SCENARIOS.get(scenario) if scenario else every
     if known is None or mode not in known:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: not a mode of {scenario or 'any scenario'}; modes: "
-            + ", ".join(sorted({m for ms in SCENARIOS.values() for m in ms}))
+            f"{text!r}: not a mode of {scenario or 'any scenario'}; modes: {', '.join(every)}"
         )
     return text
 
@@ -771,20 +771,22 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         info["gpu"] = torch.cuda.get_device_name(0)
-    plan = [
-        (scenario, mode)
-        for scenario in args.only or list(SCENARIOS)
-        for mode in SCENARIOS[scenario]
-        if not args.modes or mode in args.modes or f"{scenario}:{mode}" in args.modes
-    ]
-    if args.modes:  # a round runs a scenario's modes in the order --modes names them
-        order = {m: i for i, m in enumerate(args.modes)}
-        plan.sort(
-            key=lambda sm: (
-                (args.only or list(SCENARIOS)).index(sm[0]),
-                order.get(f"{sm[0]}:{sm[1]}", order.get(sm[1], 0)),
-            )
+    named = {m: i for i, m in enumerate(args.modes or [])}
+
+    def position(scenario: str, mode: str) -> int | None:
+        """Where ``--modes`` names this mode (a round runs them in that order); ``None``: not
+        chosen. Without ``--modes`` every mode runs, in ``SCENARIOS``' order."""
+        if not named:
+            return 0
+        return named.get(f"{scenario}:{mode}", named.get(mode))
+
+    plan = {
+        scenario: sorted(
+            ((scenario, m) for m in SCENARIOS[scenario] if position(scenario, m) is not None),
+            key=lambda pair: position(*pair) or 0,
         )
+        for scenario in args.only or list(SCENARIOS)
+    }
     rows = []
     start = time.perf_counter()
     took: dict[tuple[str, str], float] = {}  # (scenario, mode): its longest run so far
@@ -795,8 +797,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="helion-bench-") as tmp:
         for round_ in range(args.rounds):
-            for scenario in dict.fromkeys(s for s, _ in plan):
-                group = [(s, m) for s, m in plan if s == scenario]
+            for scenario, group in plan.items():
                 # A round of a scenario runs whole or not at all where the deadline is known to
                 # cut it: an unpaired run costs device time and gives no ratio.
                 if args.deadline is not None:
