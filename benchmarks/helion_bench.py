@@ -26,7 +26,9 @@ of ``_fork_task.NICENESS``), ``ours-fork-idle`` (the children under ``SCHED_IDLE
 ``_fork_task.IDLE_PRIORITY``), ``ours-fork-lateworker`` (Helion's benchmark subprocess started by
 its first measurement, as Helion does: the A/B of ``_bench_worker.STARTS_EARLY``),
 ``ours-fork-batched`` (each batch's code generated first, then its children forked back to back: the
-A/B of ``_provider.FORKS_AFTER_CODEGEN``), ``hand-spawn`` (the best hand-tuned set-up:
+A/B of ``_provider.FORKS_AFTER_CODEGEN``), ``install-fork-coldcaller`` (``install-fork`` without
+warming the autotuning process's Triton before its first fork: the A/B of
+``_warm.WARMS_CALLER``), ``hand-spawn`` (the best hand-tuned set-up:
 ``PrecompileExecutor(16, initializer=import_helion, initargs=(target,), devices=[0])``,
 ``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
@@ -65,6 +67,7 @@ _FORK_MODES = (
     "native-fork",
     "ours-fork",
     "install-fork",
+    "install-fork-coldcaller",
     "ours-fork-lateworker",
     "ours-fork-nonice",
     "ours-fork-idle",
@@ -77,6 +80,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
         "native-fork",
         "ours-fork",
         "install-fork",
+        "install-fork-coldcaller",
         "ours-fork-lateworker",
         "ours-fork-idle",
         "ours-fork-batched",
@@ -120,12 +124,20 @@ def shim_intel_gpu_error() -> bool:
 
 
 _PROCESS_STARTED = __import__("psutil").Process().create_time()
-if sys.argv[1:2] == ["--child"] and sys.argv[3:4] in (["install-spawn"], ["install-fork"]):
+if sys.argv[1:2] == ["--child"] and sys.argv[3:4] in (
+    ["install-spawn"],
+    ["install-fork"],
+    ["install-fork-coldcaller"],
+):
     # The install-* runs' first line, as a program's: install() before anything imports
     # Helion or torch (docs/helion.md, "Warm-up off the clock"). Run here, at the top of the
     # child's module, ahead of the shim below, which imports torch.
     import precompile_executor.helion
 
+    if sys.argv[3] == "install-fork-coldcaller":  # the A/B of warming the caller's Triton
+        from precompile_executor.helion import _warm
+
+        _warm.WARMS_CALLER = False
     precompile_executor.helion.install()
 """When this interpreter started: whole-process figures are the parent's; this splits them into
 before the autotune (interpreter, imports, inputs, executor set-up), the autotune, and after."""

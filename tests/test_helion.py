@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import subprocess
@@ -513,6 +514,8 @@ def _inject(bound: Any, config: Any, fault: str) -> None:
             time.sleep(600)
         if fault.startswith("sleep:"):  # a slow compile: its duration in seconds
             time.sleep(float(fault.split(":")[1]))
+        if fault.startswith("key:"):  # write whether Triton's installation hash was inherited
+            Path(fault.split(":", 1)[1]).write_text(str(_triton_key().cache_info().currsize))
         if fault.startswith("nice:"):  # write the compiling process's niceness and policy
             priority = (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0))
             Path(fault.split(":", 1)[1]).write_text(" ".join(map(str, priority)))
@@ -564,6 +567,63 @@ def test_fork_mode_children_compile_below_the_autotuning_process(
         assert nice > mine
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # the parent's own is untouched
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def _triton_key() -> Any:
+    """Triton's cached hash of its installation (``triton.runtime.cache`` from 3.9 on)."""
+    import triton.compiler.compiler
+    import triton.runtime.cache
+
+    found = getattr(triton.runtime.cache, "triton_key", None)
+    return found or triton.compiler.compiler.triton_key
+
+
+def test_fork_mode_children_inherit_the_callers_warm_triton(
+    executor: PrecompileExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked before this process hashed Triton's installation hashes it again in its
+    own compile, every child (0.3–0.5 s each; benchmarks/fork_cold_probe.py): ``use()`` starts
+    that work on a background thread and fork-mode precompiles fork after it."""
+    from precompile_executor.helion import _warm
+
+    monkeypatch.setattr(_warm, "_caller_warms", {})
+    _triton_key().cache_clear()  # as in a process that has not compiled yet
+    record = tmp_path / "inherited"
+    with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
+        (config,) = _configs(bound, 1)
+        assert _triton_key().cache_info().currsize == 0  # codegen does not hash it
+        future = _create(ctx, bound, config, args)
+        _inject(bound, config, f"key:{record}")
+        assert PrecompileFuture.wait_for_all([future]) == [True]
+    assert record.read_text() == "1"
+    assert list(_warm._caller_warms) == [_warm.FALLBACK_TARGET]  # no CUDA context here
+    assert not any(thread.is_alive() for thread in _warm._caller_warms.values())
+
+
+def test_a_caller_warm_up_that_fails_costs_nothing_but_its_head_start(
+    executor: PrecompileExecutor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The background warm-up is only a head start: if it raises, that is logged (debug) and
+    precompiles run as before."""
+    from precompile_executor.helion import _warm
+    from precompile_executor.triton import _prewarm
+
+    def broken(target: str) -> None:
+        raise RuntimeError(f"no backend for {target}")
+
+    caplog.set_level(logging.DEBUG, logger="precompile_executor.helion")
+    monkeypatch.setattr(_warm, "_caller_warms", {})
+    monkeypatch.setattr(_prewarm, "warm_caller", broken)
+    with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
+        (config,) = _configs(bound, 1)
+        future = _create(ctx, bound, config, args)
+        assert PrecompileFuture.wait_for_all([future]) == [True]
+    assert _warm.wait_caller_warm_up(timeout=5)
+    assert f"warming this process's Triton for {_warm.FALLBACK_TARGET} failed" in caplog.text
+    assert "no backend for" in caplog.text
 
 
 def test_a_config_already_compiled_is_skipped_without_a_process(

@@ -49,7 +49,7 @@ from .. import (
 )
 from .. import wait_for_all as _executor_wait_for_all
 from ..gpu import SharedArgs, run_once, share_args
-from . import _installed
+from . import _installed, _warm
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
@@ -185,6 +185,8 @@ def create(
         return PrecompileFuture.skip(ctx, config, False)
     if precompiler is None:  # already in Triton's in-memory cache
         return PrecompileFuture.skip(ctx, config, True)
+    # The child inherits this process's Triton as it is: fork it warm (_warm.start_caller_warm_up).
+    _warm.wait_caller_warm_up()
     return HelionFuture(
         ctx, config, "fork", ForkCompile(precompiler, decorator), timeout, decorator
     )

@@ -132,6 +132,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         self._setup_deferred = False
         if settings.autotune_precompile == "spawn":
             _warm.start_default_warm_up()  # overlaps the baseline run and codegen below
+        _warm.start_caller_warm_up()  # this GPU's target, now that CUDA is up (a no-op if done)
         # Helion's benchmark subprocess: the spare that install()/use() started, or cold-started
         # now rather than at the first measurement (_bench_worker's docstring).
         early = None

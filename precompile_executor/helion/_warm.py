@@ -191,6 +191,85 @@ def early_device_mismatch(kernel_device: Any) -> str | None:
     )
 
 
+# -- the autotuning process's own Triton, warmed before its first fork ----------------------------
+
+CALLER_WARM_UP_WAIT_S = 10.0
+"""Longest a fork-mode precompile waits for :func:`start_caller_warm_up`'s thread before it forks
+anyway (the hash takes 0.3–0.5 s; a stuck one must not stall an autotune)."""
+
+FALLBACK_TARGET = "cuda:90"
+"""The target warmed while this process has no CUDA context to ask (``install()`` before the
+program's imports): Triton's installation hash, the costly part, is the same for every target
+(``benchmarks/fork_cold_probe.py``)."""
+
+WARMS_CALLER = True
+"""``False``: :func:`start_caller_warm_up` does nothing — the A/B of it (``helion_bench``'s
+``install-fork-coldcaller`` mode)."""
+
+_caller_warms: dict[str, threading.Thread] = {}
+
+
+def caller_target() -> str:
+    """This process's Triton target (``"cuda:90"``) if it has a CUDA context already, else
+    :data:`FALLBACK_TARGET` (asking would create one)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    hip = getattr(getattr(torch, "version", None), "hip", None)
+    if cuda is None or hip or not cuda.is_initialized():
+        return FALLBACK_TARGET
+    major, minor = cuda.get_device_capability()
+    return f"cuda:{major}{minor}"
+
+
+def start_caller_warm_up(target: str | None = None) -> None:
+    """Pay this process's cold first compile on a background thread, once per target.
+
+    A child forked from a process that never compiled pays Triton's cold start in every
+    compile: the hash of Triton's installation (``triton_key``) and the backend's set-up, 0.3–0.5 s
+    per child, about five times a small compile's own time (``benchmarks/fork_cold_probe.py``;
+    on the H200, Helion's first batch compiled at 0.58 s a config against native fork's 0.27 s,
+    whose baseline had compiled before it forked). Computing one cache key here
+    (``triton._prewarm.warm_caller``: no compile, nothing written, no CUDA) makes
+    every child forked after it inherit that work; fork-mode precompiles wait for it
+    (:func:`wait_caller_warm_up`).
+    """
+    if not WARMS_CALLER:
+        return
+    target = target or caller_target()
+    with _lock:
+        if target in _caller_warms:
+            return
+        thread = threading.Thread(
+            target=_warm_caller,
+            args=(target,),
+            name="precompile-executor-helion-caller-warm-up",
+            daemon=True,
+        )
+        _caller_warms[target] = thread
+    thread.start()
+
+
+def _warm_caller(target: str) -> None:
+    try:
+        from ..triton._prewarm import warm_caller
+
+        warm_caller(target)
+    except Exception as error:  # noqa: BLE001 - only a lost head start: children pay it
+        log.debug("warming this process's Triton for %s failed: %s", target, error)
+
+
+def wait_caller_warm_up(timeout: float = CALLER_WARM_UP_WAIT_S) -> bool:
+    """Wait (at most ``timeout`` seconds) for :func:`start_caller_warm_up`'s threads; return
+    whether none is still running. Called before a fork: a child forked while another thread
+    hashes would start cold, and that thread holds locks the child would inherit held."""
+    with _lock:
+        threads = list(_caller_warms.values())
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)
+
+
 _times: dict[str, float] = {}
 """``time.monotonic()`` when the warm-up started and ended, and when :func:`start_before_helion`
 built the executor (statistics for benchmarks and tests)."""
