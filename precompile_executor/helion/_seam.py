@@ -375,7 +375,7 @@ def _install(executor: PrecompileExecutor | None, *, process_wide: bool) -> _Ins
         _stack.append(entry)
     if built and _warm.default_mode_is_spawn():
         _warm.start_default_warm_up()
-    _warm.start_caller_warm_up()  # fork-mode children inherit it (docs/helion.md, "Streaming")
+    _warm.start_caller_warm_up()  # fork-mode children inherit it (docs/helion.md, "Fork mode")
     return entry
 
 

@@ -22,8 +22,12 @@ imports Helion to check it: the template's ``import helion``, most of the warm-u
 (``docs/helion.md``, "Warm-up off the clock"), runs beside the program's own. If the check then
 refuses, :func:`discard_early` shuts that executor down, so a refusal leaves nothing built.
 
+**The autotuning process's own Triton** (:func:`start_caller_warm_up`): a background thread
+computes one compile cache key, so that every fork-mode child forked after it inherits Triton's
+installation hash instead of computing it in its own compile (docs/helion.md, "Fork mode").
+
 Threads: builders and starters run on any thread, under ``_lock``; the warm-up thread only
-calls ``warm_up()``.
+calls ``warm_up()``; the caller's warm-up thread only hashes (no lock of this module).
 """
 
 from __future__ import annotations
@@ -245,8 +249,8 @@ def start_caller_warm_up(target: str | None = None) -> None:
             name="precompile-executor-helion-caller-warm-up",
             daemon=True,
         )
+        thread.start()  # before a waiter can see it: join() refuses a thread not started
         _caller_warms[target] = thread
-    thread.start()
 
 
 def _warm_caller(target: str) -> None:
