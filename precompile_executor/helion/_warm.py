@@ -80,8 +80,7 @@ def _cuda_device() -> tuple[int | str | None, str | None]:
     if not torch.cuda.is_available():
         return None, None
     index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    target = f"cuda:{major}{minor}"
+    target = _triton_target(torch.cuda, index)
     if os.environ.get("CUDA_VISIBLE_DEVICES"):
         # This process's index 0 need not be the machine's GPU 0: name it by its UUID.
         uuid = str(torch.cuda.get_device_properties(index).uuid)
@@ -221,7 +220,12 @@ def caller_target() -> str:
     hip = getattr(getattr(torch, "version", None), "hip", None)
     if cuda is None or hip or not cuda.is_initialized():
         return FALLBACK_TARGET
-    major, minor = cuda.get_device_capability()
+    return _triton_target(cuda, cuda.current_device())
+
+
+def _triton_target(cuda: Any, index: int) -> str:
+    """The Triton target of CUDA device ``index`` (``"cuda:90"``); ``cuda`` is ``torch.cuda``."""
+    major, minor = cuda.get_device_capability(index)
     return f"cuda:{major}{minor}"
 
 
