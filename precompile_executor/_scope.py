@@ -1,0 +1,190 @@
+"""Which executor an integration's autotunes use: one rule for every thread.
+
+Every integration (``precompile_executor.triton.autotune``, ``precompile_executor.helion``,
+``precompile_executor.inductor``) offers the same two forms, with the same meaning:
+
+* ``with use(executor):`` — a **block**. It is open from its entry until its exit, for the whole
+  process: while it is open, an autotune started on *any* thread goes through it — the thread
+  that entered it, autograd's backward threads, a ``threading.Thread``, a pool thread, a thread
+  that existed before the block.
+* ``install(executor)`` / ``uninstall()`` — the process-wide form: open until ``uninstall()``.
+
+Which executor, when several are open (:meth:`Scope.current`):
+
+1. the innermost block entered in the *current context* that is still open (the thread that
+   entered it, and contexts copied from it: ``asyncio`` tasks, ``contextvars.copy_context()``):
+   an inner ``use(ex)`` wins for what runs inside it;
+2. else the most recently entered block still open anywhere in the process (a thread with no
+   block of its own follows the newest block);
+3. else ``install()``'s executor;
+4. else :data:`OFF`: the library is not involved and the autotuner runs stock.
+
+Blocks may exit in any order (overlapping blocks on different threads): an exit closes that
+block alone. ``None`` as an executor means "the integration's shared default"; this module never
+interprets it.
+
+Each integration keeps one :class:`Scope`; the scope also counts its holders (open blocks plus an
+installation) and calls the integration's ``activate`` when the first arrives (check versions,
+patch) and ``deactivate`` when the last leaves (put the originals back). A failing ``activate``
+leaves nothing open. :meth:`Scope.reset` is the documented way for tests to close everything.
+
+Guarantees: every method is thread-safe (one lock per scope); ``activate``/``deactivate`` run
+under that lock, so a patch and its undo never interleave; :meth:`Scope.current` takes the lock
+only for reading a short list.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+OFF: Final[Any] = object()
+"""No executor: the integration's autotuner runs stock."""
+
+_ids = itertools.count()
+
+
+class Block:
+    """One open ``use()`` block (or an installation): which executor, whether still open."""
+
+    __slots__ = ("executor", "number", "open")
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+        self.number = next(_ids)  # entry order, for "the most recently entered"
+        self.open = True
+
+    def __repr__(self) -> str:
+        state = "open" if self.open else "closed"
+        return f"<Block {self.number} {state} executor={self.executor!r}>"
+
+
+class Scope:
+    """The open blocks and the installation of one integration (see the module docstring).
+
+    Args:
+        name: the integration's name, for the context variable and messages.
+        activate: called (under the scope's lock) when the first holder arrives; it may raise to
+            refuse, and then nothing is opened.
+        deactivate: called (under the lock) when the last holder leaves.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        activate: Callable[[], None] | None = None,
+        deactivate: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._activate = activate
+        self._deactivate = deactivate
+        self._lock = threading.RLock()
+        self._open: list[Block] = []  # entry order; the newest last
+        self._installed: Block | None = None
+        self._own: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar(
+            f"precompile_executor_{name}_blocks", default=()
+        )
+
+    # -- holders -----------------------------------------------------------------------------
+
+    def enter(self, executor: Any) -> Block:
+        """Open a block for ``executor`` in the current context; pair with :meth:`exit`."""
+        with self._lock:
+            self._hold()
+            block = Block(executor)
+            self._open.append(block)
+        self._own.set((*self._own.get(), block))
+        return block
+
+    def exit(self, block: Block) -> None:
+        """Close ``block`` (a no-op if it is closed already, e.g. by :meth:`reset`)."""
+        own = self._own.get()
+        if block in own:
+            self._own.set(tuple(b for b in own if b is not block))
+        with self._lock:
+            if not block.open:
+                return
+            block.open = False
+            self._open.remove(block)
+            self._release()
+
+    def install(self, executor: Any) -> Block | None:
+        """Make ``executor`` the process-wide fallback; return the installation it replaced."""
+        with self._lock:
+            previous = self._installed
+            if previous is None:
+                self._hold()
+            else:
+                previous.open = False
+            self._installed = Block(executor)
+            return previous
+
+    def uninstall(self) -> Block | None:
+        """Undo :meth:`install`; return the installation removed (``None``: none was there)."""
+        with self._lock:
+            previous = self._installed
+            if previous is None:
+                return None
+            previous.open = False
+            self._installed = None
+            self._release()
+            return previous
+
+    def reset(self) -> None:
+        """Close every block and the installation, then deactivate (for tests and at exit)."""
+        with self._lock:
+            held = bool(self._open) or self._installed is not None
+            for block in self._open:
+                block.open = False
+            self._open.clear()
+            if self._installed is not None:
+                self._installed.open = False
+                self._installed = None
+            if held and self._deactivate is not None:
+                self._deactivate()
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def current(self) -> Any:
+        """The executor an autotune starting now, in this context, uses: see the module rule."""
+        for block in reversed(self._own.get()):
+            if block.open:
+                return block.executor
+        with self._lock:
+            if self._open:
+                return self._open[-1].executor
+            if self._installed is not None:
+                return self._installed.executor
+        return OFF
+
+    def active(self) -> bool:
+        """Whether any block or an installation is open (the integration is patched)."""
+        with self._lock:
+            return bool(self._open) or self._installed is not None
+
+    def installation(self) -> Block | None:
+        """The installation, if any."""
+        with self._lock:
+            return self._installed
+
+    def open_blocks(self) -> tuple[Block, ...]:
+        """The open blocks, oldest first (the installation not included)."""
+        with self._lock:
+            return tuple(self._open)
+
+    # -- the holder count --------------------------------------------------------------------
+
+    def _holders(self) -> int:
+        return len(self._open) + (self._installed is not None)
+
+    def _hold(self) -> None:
+        if self._holders() == 0 and self._activate is not None:
+            self._activate()  # may raise: nothing has been opened yet
+
+    def _release(self) -> None:
+        if self._holders() == 0 and self._deactivate is not None:
+            self._deactivate()
