@@ -20,7 +20,10 @@ emits ``Send`` (an idle worker) or ``Fork``; the hub reports its ``Done``
 (:meth:`Scheduler.task_returned`), a death (:meth:`Scheduler.task_lost`,
 :meth:`Scheduler.task_failed`) or a kill; :meth:`Scheduler._close` moves it to DONE under the
 lock — only the first caller wins — and emits the one ``Settle`` action; the settler sets the
-future. Nothing else sets a task's future.
+future. Nothing else sets a task's future. The settler lives in this module rather than one of
+its own because resolving a task and setting its future are the last step of one path: a
+reader follows a task from ``submit`` to its result through six modules (docs/design.md,
+"Reading the code"), this one twice.
 
 Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
 order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
