@@ -136,6 +136,7 @@ class Hub:
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
         self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump, self.submit_job)
         self.monitor = Monitor(self.address, self)
+        # At exit, before threads are joined: submitted tasks finish, then workers stop.
         _stdlib.register_before_thread_pools_exit(self._at_exit)
 
     @property
