@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import precompile_executor as pe
-from precompile_executor import _hub, _process, _starts
+from precompile_executor import _hub, _launcher, _process, _reaper
 
 from . import _tasks
 from ._common import median
@@ -77,7 +77,7 @@ def instrument() -> None:
 
     _process.descendants = stamped_descendants
     _wrap(_hub.Hub, "eof", lambda conn: "eof")
-    _wrap(_starts.Starts, "_ask_fork", lambda template, workers: "fork asked")
+    _wrap(_launcher.Launcher, "_ask_fork", lambda template, workers: "fork asked")
 
     def message_label(conn: Any, message: Any) -> str | None:
         name = type(message).__name__
@@ -85,8 +85,8 @@ def instrument() -> None:
 
     _wrap(_hub.Hub, "dispatch", message_label)
     _wrap(
-        _hub.Hub,
-        "_reap",
+        _reaper.Reaper,
+        "reap",
         lambda worker, task: None if task is None else "crash reported",
         after=True,
     )

@@ -15,7 +15,7 @@ Each case runs in a fresh interpreter (``subprocess``), so nothing of one leaks 
 * ``helion``: the template imported helion (with the measurement-only ``IntelGPUError`` shim).
 
 For each: the template's threads by kernel name, whether torch says CUDA is initialized there, and
-in the child: ok or the exception; and what ``precompile_executor._template.fork_safety()`` says
+in the child: ok or the exception; and what ``precompile_executor._fork_server.fork_safety()`` says
 in the template (``None``: it forks). Session 4 (docs/gpu-runs.md): the children of ``torch``,
 ``nvml`` and ``helion`` use CUDA, the ``runtime`` one cannot ("Cannot re-initialize CUDA in
 forked subprocess"); ``fork_safety()`` accepts exactly the first three. (Shutting NVML down
@@ -45,7 +45,7 @@ if case.startswith("helion"):
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     from benchmarks.helion_bench import worker_init
     worker_init()
-from precompile_executor._template import _thread_names, fork_safety
+from precompile_executor._fork_server import _thread_names, fork_safety
 verdict = fork_safety()
 maps = open("/proc/self/maps").read()
 template = {"threads": _thread_names(), "cuda_initialized": torch.cuda.is_initialized(),

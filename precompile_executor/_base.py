@@ -47,7 +47,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from ._errors import AFTER_SHUTDOWN, SerializationError
-from ._settle import own_callback
+from ._scheduler import own_callback
 from ._validate import (
     check_buffersize,
     check_chunksize,
@@ -58,12 +58,11 @@ from ._validate import (
     check_timeout,
     short_repr,
 )
+from ._worker import Call as Call  # one call of a task: (fn, args, kwargs)
 
 T = TypeVar("T")
 E = TypeVar("E")
 Path = Literal["spawn", "fork", "auto"]
-Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-"""One call of a task: ``(fn, args, kwargs)``."""
 
 KILL_WAIT_S = 10.0
 """How long :func:`kill_running_futures` waits for the killed tasks' futures to fail: a kill is

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ._base import kill_running_futures
 from ._errors import Classification, RemoteError, TaskTimeoutError
-from ._settle import classification
+from ._scheduler import classification
 
 log = logging.getLogger("precompile_executor")
 

@@ -4,31 +4,41 @@ This module is the local backend of the public layer (:mod:`._base`, which holds
 ``map``, the ``options()`` views, ``batch()``, shutting down): its settings and their validation,
 how a task is sent (pickled for the spawn path, or kept in memory for the fork path, with its
 :class:`._costs.CostKey` and predicted cost), ``warm_up()``, ``statistics()``, ``timeline()``,
-``terminate_workers()``. Scheduling lives in :mod:`._core` (one per executor, the layer's
-:class:`._base.Backend`), processes in :mod:`._hub` (one per process).
+``terminate_workers()``. Scheduling lives in :mod:`._scheduler` (one :class:`Scheduler` per
+executor, the layer's :class:`._base.Backend`), processes in :mod:`._hub` (one per process).
 
-Data flow::
+Data flow of one task (the module that does each step on the right; docs/design.md, "Reading
+the code", walks it)::
 
-    submit(fn, *args)                           (caller's thread)
+    submit(fn, *args)                                               _base      caller's thread
+      │  map(): chunks, the whole input inside a batch() hold
+      ▼
+    PrecompileExecutor._send                                        _executor
       │  spawn path: cloudpickle (fn, args) now; a failure fails this future only
       │  ("auto": fall back to the fork path); predict its cost (_costs.CostModel)
       ▼
-    Core queues ── heaps keyed (-priority, -predicted cost, id), one per path; futures stay
-      │            PENDING (cancel() works); map() queues its whole input, then dispatches
-      │  pump (under the hub lock): dispatch while tasks in flight < max_workers
-      ├── spawn ──► idle worker ── Run ──► loky worker: serve loop ── Started, run, Done
-      │              (none idle: take one from the Hub's pool, or start one with loky)
-      └── fork ───► os.fork() child: register with the guardian, setsid, run, send Done, _exit
+    Scheduler: heaps keyed (-priority, -predicted cost, id),        _scheduler (hub lock held)
+      │  one per path; futures stay PENDING (cancel() works)
+      │  pump: while tasks in flight < max_workers, take the best head →
+      ├── spawn ──► Send(idle worker, task)   (none idle: its WorkerManager adopts a pooled one
+      │                                        or launches one)
+      └── fork ───► Fork(task)
+      ▼
+    Hub.run(actions)                                                _hub       (lock released)
+      ├── Send: Run over the worker's socket ──► serve loop:        _worker    worker process
+      │         Started, run the calls, Done
+      └── Fork: os.fork() child: setsid, run the calls, send Done, _exit   (_fork)
                                   │
-    Hub monitor thread ◄──────────┘ one thread waits on every socket:
+    Monitor thread ◄──────────────┘ one read per socket, frames →   _monitor   monitor thread
+      │  Hub.dispatch:                                              _hub
       Started → the task's clock starts (its deadline counts from here)
-      Done    → task closed, its Started→Done time recorded in its cost model; the worker's
-                next task written to it; then the future set: a plain result on the monitor at
-                the end of its round, else the settle pool unpickles the result or rebuilds the
-                exception (a RemoteError proxy) (then, once nothing is left to do, the cost
-                history is saved)
-      EOF     → worker dead: a task it never started is queued again; a started one fails
-                (WorkerCrashedError, exit code and output read by a job) and is never re-run
+      Done    → Scheduler.task_returned: its Started→Done time to its cost model; _close:
+                DONE, one Settle action; the worker's next task written to it first; then
+                the Settler sets the future: a plain result on the monitor at the end of its
+                round, else on a settle thread (unpickle the result, or rebuild the exception
+                as a RemoteError proxy); once nothing is left, the cost history is saved
+      EOF     → Reaper: a task never started is queued again; a started one fails
+                (WorkerCrashedError, exit code and output read by a job), never re-run
       deadline→ a job kills the worker's process group (SIGTERM, grace, SIGKILL) → its EOF →
                 TaskTimeoutError
 
@@ -53,14 +63,13 @@ from typing import Any, Literal, TypeVar
 import cloudpickle
 
 from ._base import BaseExecutor, Path, TaskOptions, failed_future, serialization_error
-from ._core import DEFAULT_IDLE_TIMEOUT_S, Core, Settings
 from ._costs import COST_ATTRIBUTE, CostKey, CostModel, Estimate, call_features, features_key
 from ._costs import function_key as _function_key
 from ._costs import shared_model as _shared_model
 from ._errors import Classification
 from ._hub import current_hub, get_hub
-from ._records import ExecutorStatistics, TaskTimeline
-from ._settle import own_callback
+from ._records import DEFAULT_IDLE_TIMEOUT_S, ExecutorStatistics, Settings, TaskTimeline
+from ._scheduler import Scheduler, own_callback
 from ._state import Task
 from ._validate import (
     check_count,
@@ -145,7 +154,7 @@ def _default_workers() -> int:
     return max(1, round(cores * DEFAULT_WORKERS_PER_CORE))
 
 
-class PrecompileExecutor(BaseExecutor[Core]):
+class PrecompileExecutor(BaseExecutor[Scheduler]):
     """Runs callables on warm, reusable worker processes; a ``concurrent.futures.Executor``.
 
     Tasks run on the **spawn** path by default: loky-started interpreters that outlive the
@@ -257,7 +266,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
             cost_history=cost_history,
             max_tasks_per_child=check_max_tasks_per_child(max_tasks_per_child),
         )
-        super().__init__(Core(get_hub(), settings), options)
+        super().__init__(Scheduler(get_hub(), settings), options)
         if init_blob is not None:
             _warm_caller(initializer, initargs, init_blob)
 
@@ -280,9 +289,9 @@ class PrecompileExecutor(BaseExecutor[Core]):
     def _send(
         self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
     ) -> Future[Any]:
-        core = self._backend
-        with core.lock:
-            core.check_open()
+        scheduler = self._backend
+        with scheduler.lock:
+            scheduler.check_open()
         future: Future[Any] = Future()
         path: Literal["spawn", "fork"] = "fork" if opts.path == "fork" else "spawn"
         blob = None
@@ -298,8 +307,8 @@ class PrecompileExecutor(BaseExecutor[Core]):
                         "Run unpicklable work on the fork path: executor.options(path='fork'), "
                         "or path='auto' to fall back to it automatically."
                     )
-                    with core.lock:
-                        core.failed += 1
+                    with scheduler.lock:
+                        scheduler.count_unsendable()
                     return failed_future(
                         serialization_error(what, "for a spawned worker", advice, exc)
                     )
@@ -307,7 +316,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
         cost, costs = self._cost_of(opts, calls)
         task = Task(
             future=future,
-            owner=core,
+            owner=scheduler,
             path=path,
             calls=calls if path == "fork" else None,
             blob=blob,
@@ -322,11 +331,11 @@ class PrecompileExecutor(BaseExecutor[Core]):
             memory_limit=opts.memory_limit,
         )
         # A weak reference: the future must not keep its task (and the task its future) alive.
-        future.add_done_callback(functools.partial(_on_done, core, weakref.ref(task)))
-        with core.lock:
-            core.check_open()
-            actions = core.enqueue_predicted(task)
-        core.hub.run(actions)
+        future.add_done_callback(functools.partial(_on_done, scheduler, weakref.ref(task)))
+        with scheduler.lock:
+            scheduler.check_open()
+            actions = scheduler.enqueue_predicted(task)
+        scheduler.hub.run(actions)
         return future
 
     def _cost_of(self, opts: TaskOptions, calls: list[Call]) -> tuple[CostKey, CostModel]:
@@ -379,7 +388,7 @@ class PrecompileExecutor(BaseExecutor[Core]):
         """Return when each settled task of this executor (and its views) passed each step.
 
         One immutable :class:`TaskTimeline` per task, oldest first (the last
-        :data:`~precompile_executor._core.TIMELINE_LIMIT`): queued, sent, started, done, decoded,
+        :data:`~precompile_executor._records.TIMELINE_LIMIT`): queued, sent, started, done, decoded,
         settled. ``benchmarks/gantt.py`` draws them.
         """
         return self._backend.timelines()
@@ -441,15 +450,15 @@ def pickle_arguments(calls: list[Call]) -> bytes:
 
 
 @own_callback
-def _on_done(core: Core, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
-    """A future's done-callback (any thread): if the user cancelled it while queued, the core
-    notifies its waiters at once."""
+def _on_done(scheduler: Scheduler, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
+    """A future's done-callback (any thread): if the user cancelled it while queued, the
+    scheduler notifies its waiters at once."""
     if not future.cancelled():
         return
     task = task_ref()
     if task is not None:
-        with core.lock:
-            core.cancelled_by_user(task)
+        with scheduler.lock:
+            scheduler.cancelled_by_user(task)
 
 
 def stop_idle_workers(key: bytes | None = None) -> int:

@@ -4,16 +4,22 @@ One hub per parent process owns every worker, so workers outlive the executor th
 them: an executor returns its idle workers to the hub's pool when it shuts down, and the next
 executor with the same initializer takes them back (same pids, imports already paid).
 
-The hub is the registry (workers, sockets, the idle pool) and the one place the cores' actions
-run. Its parts, each with one concern: :class:`._starts.Starts` starts processes (a fork from
-the kind's warm template, whose lifecycle rules are :class:`._templates.Templates`, or a fresh
-interpreter by loky); :class:`._monitor.Monitor` is the monitor thread, which reads every socket
-and hands the hub each message, end of file and due timer. Two bases of :class:`Hub` hold the
-rest: :class:`._hub_tasks.TaskPath` a task's way (send, fork, ``Started``, ``Done``, settle
-hand-off, kills, the memory watcher's hooks) and :class:`._hub_ends.WorkerEnds` a worker's end
-(end of file, reaping, a failed start, retiring, stopping). Until a worker says hello, the
-monitor also watches its process sentinel, so a worker that dies while starting is noticed at
-once.
+The :class:`Hub` holds its parts, each with one concern, and is the one place the schedulers'
+actions run (:meth:`Hub.run`: send a task, fork one, launch a worker, settle, stop):
+
+* :class:`._roster.WorkerRoster` — who is alive, reachable, starting or pooled;
+* :class:`._launcher.Launcher` — process starts: a fork from the kind's warm template (whose
+  lifecycle rules are :class:`._template_lifecycle.TemplateLifecycle`) or a fresh interpreter;
+* :class:`._monitor.Monitor` — the monitor thread: reads every socket and hands the hub each
+  message (:meth:`Hub.dispatch`), end of file and due timer;
+* :class:`._reaper.Reaper` — a worker's end: end of file, reaping, a failed start, retiring;
+* :class:`._memory.MemoryGuard` — the memory watcher of tasks with a ``memory_limit``.
+
+What stays here is a task's way through the hub — a ``Run`` written to a spawn worker, a fork
+for a fork-path task, its ``Started`` and ``Done`` reported to its scheduler, the hand-off of
+its outcome to a settle thread, kills — plus the workers' hellos, the timers and exit. Until a
+worker says hello, the monitor also watches its process sentinel, so a worker that dies while
+starting is noticed at once.
 
 Threads and what they own:
 
@@ -21,18 +27,18 @@ Threads and what they own:
   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
   the user's done-callbacks) to the settle threads — except a plain result with no user
-  callback, which it settles itself (``Settling.settle_now``, :mod:`._settle`). It alone closes
-  worker sockets.
+  callback, which it settles itself (``Settler.settle_now``, :mod:`._scheduler`). It alone
+  closes worker sockets.
 * **job pool** (bounded, :class:`._jobs.JobPool`): starts workers, kills process groups, reaps
   dead workers and reports their tasks, stops workers.
 * **settle threads** (at most a few, a ``JobPool`` too): unpickle results and set futures.
 * **memory watcher** (:mod:`._memory`, while a task with a ``memory_limit`` runs or waits):
-  samples those tasks' process groups; one past its limit is doomed and killed by a job.
+  samples those tasks' process groups; one past its limit is marked for a kill and killed.
 * callers' threads: submit, decide under ``lock`` and run the resulting actions.
 
 Only the monitor lives for the process's life: idle job, settle and watcher threads end.
 
-``lock`` guards every task, worker handle and executor core (one lock: a task's state and its
+``lock`` guards every task, worker handle and scheduler (one lock: a task's state and its
 worker's state always change together). Decisions are made under it; sends, forks, kills and
 future updates happen after it is released.
 """
@@ -49,43 +55,43 @@ import time
 import weakref
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any
 
-from . import _process
-from ._errors import (
-    WorkerStartError,
-    proxy_from_record,
-)
-from ._hub_ends import _reap_child
-from ._hub_tasks import TaskPath
+from . import _process, _stdlib
+from ._errors import WorkerStartError, proxy_from_record
+from ._fork import fork_task
 from ._jobs import JobPool
-from ._memory import MemoryGuard
+from ._launcher import Launcher
+from ._memory import MemoryGuard, anon_bytes, kill_now
 from ._messages import (
     Done,
     Exited,
     Forked,
     ForkRefused,
     Hello,
+    Run,
     Started,
     Stop,
     encode,
+    write_frame,
 )
 from ._monitor import Monitor
-from ._starts import Starts
+from ._reaper import Reaper, reap_child
+from ._roster import WorkerRoster
 from ._state import (
     Action,
-    Doom,
     Fork,
+    KillOrder,
     Launch,
     Owner,
     Send,
     Settle,
     StopWorker,
+    Task,
+    TaskState,
     WorkerHandle,
 )
-from ._templates import (
-    Decision,
-)
+from ._template_lifecycle import Decision
 
 log = logging.getLogger("precompile_executor")
 
@@ -102,8 +108,13 @@ SETTLE_THREADS = 4
 one. Idle ones end, like the job threads."""
 
 
-class Hub(TaskPath):
-    """Process-wide owner of workers, the listening socket, the monitor and the job pools."""
+class Hub:
+    """Process-wide owner of workers, the listening socket, the monitor and the job pools.
+
+    Long because a task's way through the process is one concept: the actions the schedulers
+    decided (:meth:`run`) and what the monitor reads back (:meth:`dispatch`) meet here, on
+    the registry the roster keeps; starting and ending workers are its parts' (module doc).
+    """
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -112,111 +123,59 @@ class Hub(TaskPath):
         self._dir = tempfile.mkdtemp(prefix="precompile-executor-")
         self.address = os.path.join(self._dir, "hub.sock")
         self.guardian = _process.Guardian()
-        self.conns: dict[Connection, WorkerHandle] = {}
-        self._starting: dict[str, WorkerHandle] = {}
-        self.pool: dict[bytes, list[WorkerHandle]] = {}  # idle workers no executor holds
-        self.starts = Starts(self, self.new_capture_path)
-        self.templates = self.starts.templates  # the warm template of each kind
-        self.workers: set[WorkerHandle] = set()  # every worker not yet dead
-        self.cores: weakref.WeakSet[Owner] = weakref.WeakSet()  # drained and aborted at exit
+        self.roster = WorkerRoster(self._dir, self.changed, self.wake)
+        self.templates = self.roster.templates  # the warm template of each kind
+        self.launcher = Launcher(self)
+        self.reaper = Reaper(self)
+        self.schedulers: weakref.WeakSet[Owner] = weakref.WeakSet()  # drained, aborted at exit
         self.closed = False
         self.exiting = False  # the interpreter is exiting: no new tasks
-        self._capture_ids = iter(range(1, 1 << 62))
         # Both pools start threads on demand and let idle ones end (tests/test_limits.py: a
         # burst of kills must not leave 64 idle threads for the process's life).
         self._jobs = JobPool(JOB_THREADS, "precompile-job")
         self._settlers = JobPool(SETTLE_THREADS, "precompile-settle")
         self.memory = MemoryGuard(self.lock, self._memory_exceeded, self._repump, self.submit_job)
         self.monitor = Monitor(self.address, self)
-        # threading's exit hooks run last-registered first, before atexit's and before the
-        # thread pools are joined: registered after the import of ThreadPoolExecutor, ours runs
-        # while the job pools still take work.
-        threading._register_atexit(self._at_exit)  # type: ignore[attr-defined]
+        # At exit, before threads are joined: submitted tasks finish, then workers stop.
+        _stdlib.register_before_thread_pools_exit(self._at_exit)
 
-    # -- small helpers -----------------------------------------------------------------------
-
-    def new_capture_path(self) -> str:
-        """A fresh file path for one worker's captured output."""
-        return os.path.join(self._dir, f"out-{next(self._capture_ids)}.txt")
+    @property
+    def workers(self) -> set[WorkerHandle]:
+        """Every worker not yet dead (``lock`` held)."""
+        return self.roster.workers
 
     def wake(self) -> None:
         """Make the monitor recompute its deadlines and the sockets it waits on."""
         self.monitor.wake()
 
-    def new_worker(
-        self,
-        key: bytes,
-        owner: Owner | None,
-        idle_timeout_s: float | None,
-        device: str | None,
-        *,
-        start: Literal["template", "interpreter"] = "interpreter",
-        template_key: bytes = b"",
-        max_tasks: int | None = None,
-    ) -> WorkerHandle:
-        """Register a spawn worker in state ``starting`` (``lock`` held); launch it with
-        a :class:`Launch` action."""
-        worker = WorkerHandle(
-            "spawn",
-            key,
-            self.new_capture_path(),
-            device=device,
-            idle_timeout_s=idle_timeout_s,
-            start=start,
-            template_key=template_key,
-        )
-        worker.max_tasks = max_tasks
-        worker.owner = owner
-        self.register_starting(worker)
-        return worker
+    def submit_job(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` on the job pool (here, when no thread can start any more)."""
+        try:
+            self._jobs.submit(fn, *args)
+        except RuntimeError:  # the interpreter is past the point of new threads: do it here
+            fn(*args)
 
-    def take_pooled(self, key: bytes) -> WorkerHandle | None:
-        """Take an idle pooled worker of ``key`` (``lock`` held): one step, so an idle expiry
-        can never take the same worker."""
-        pool = self.pool.get(key)
-        while pool:
-            worker = pool.pop()
-            if worker.state == "idle":
-                return worker
-        return None
-
-    def put_pooled(self, worker: WorkerHandle, now: float) -> None:
-        """Give an idle worker back to the pool (``lock`` held)."""
-        worker.owner = None
-        worker.since = now
-        self.pool.setdefault(worker.key, []).append(worker)
-        self.wake()
+    def template_refused(self, key: bytes) -> str | None:
+        """Why workers of kind ``key`` start as interpreters, or ``None`` (``lock`` held)."""
+        return self.templates.refusal(key)
 
     def stop_idle(self, key: bytes | None = None) -> int:
         """Stop the idle pooled workers of kind ``key`` (all kinds: ``None``), and the warm
         templates no live worker came from (only memory now); return how many workers."""
         with self.lock:
-            keys = [key] if key is not None else list(self.pool)
-            victims = [w for k in keys for w in self.pool.pop(k, []) if w.state == "idle"]
-            # Spares still starting (no executor holds them) would join the pool right after.
-            victims += [
-                w
-                for w in self.workers
-                if w.owner is None and w.kind == "spawn" and w.state == "starting" and w.key in keys
-            ]
+            victims = self.roster.pooled_victims(key)
             for worker in victims:
-                self.forget(worker)
-            in_use = {w.template_key for w in self.workers if w.kind == "spawn"}
-            templates = self.templates.unused(in_use)
+                self.roster.forget(worker)
+            templates = self.roster.unused_templates()
             for template in templates:
-                self.forget(template)
+                self.roster.forget(template)
         self.run([StopWorker(w, kill=False) for w in victims + templates])
         return len(victims)
-
-    def _unpool(self, worker: WorkerHandle) -> None:
-        pool = self.pool.get(worker.key)
-        if pool and worker in pool:
-            pool.remove(worker)
 
     # -- running actions (no lock held) --------------------------------------------------------
 
     def run(self, actions: Iterable[Action]) -> None:
-        """Carry out what the executor cores decided under the lock.
+        """Carry out what the schedulers decided under the lock.
 
         Settles go last: a task's ``Done`` returns its worker, and the next task is on that
         worker's socket before its result is decoded and its future set, so the worker runs
@@ -233,9 +192,9 @@ class Hub(TaskPath):
             elif isinstance(action, Fork):
                 self._fork(action.task)
             elif isinstance(action, Launch):
-                self.submit_job(self.starts.launch, action.worker, action.init_blob)
+                self.submit_job(self.launcher.launch, action.worker, action.init_blob)
             elif isinstance(action, StopWorker):
-                self.submit_job(self._stop, action.worker, action.kill)
+                self.submit_job(self.reaper.stop, action.worker, action.kill)
         if wake:
             self.wake()
         if not settles:
@@ -252,39 +211,119 @@ class Hub(TaskPath):
             if not settle.task.owner.settle_now(settle.task, settle.outcome):
                 self._settle(settle.task, settle.outcome)
 
-    def submit_job(self, fn: Any, *args: Any) -> None:
+    def _settle(self, task: Task, outcome: Any) -> None:
         try:
-            self._jobs.submit(fn, *args)
-        except RuntimeError:  # the interpreter is past the point of new threads: do it here
-            fn(*args)
+            self._settlers.submit(task.owner.settle, task, outcome)
+        except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
+            task.owner.settle(task, outcome)
 
-    def register_starting(self, worker: WorkerHandle) -> None:
-        """Register a new worker or template in state ``starting`` (``lock`` held)."""
-        self._starting[worker.token] = worker
-        self.workers.add(worker)
+    def _send(self, worker: WorkerHandle, task: Task) -> None:
+        assert task.blob is not None
+        message = encode(Run(task.id, task.n, task.want_output, task.blob))
+        log.debug("task %d on the spawn path, worker pid %d", task.id, worker.pid)
+        with worker.send_lock:
+            conn = worker.conn
+            try:
+                if conn is None or conn.closed:
+                    raise OSError("socket closed")
+                write_frame(conn.fileno(), message)  # send_bytes' bytes; the send_lock held
+            except (OSError, ValueError):
+                # The worker is dying; its end of file (read by the monitor) puts the task,
+                # which never started, back in the queue.
+                log.debug("task %d: worker pid %d gone before the send", task.id, worker.pid)
 
-    def template_refused(self, key: bytes) -> str | None:
-        """Why workers of kind ``key`` start as interpreters, or ``None`` (``lock`` held)."""
-        return self.templates.refusal(key)
+    def _fork(self, task: Task) -> None:
+        assert task.calls is not None
+        worker = WorkerHandle("fork", b"", self.roster.new_capture_path())
+        worker.owner = task.owner
+        # What the child starts with is the caller's: its memory charge counts from here.
+        anon_at_fork = anon_bytes(os.getpid()) if task.memory_limit is not None else 0
+        try:
+            pid, conn = fork_task(
+                task.id,
+                task.calls,
+                task.want_output,
+                worker.capture_path,
+                self.guardian.fileno(),
+                self.monitor.private_fds(),
+            )
+        except Exception as exc:  # noqa: BLE001 - e.g. EAGAIN: too many processes
+            with self.lock:
+                actions = task.owner.task_failed(task, exc)
+            self.run(actions)
+            return
+        self.guardian.watch(pid)  # the child registered itself too, before anything else
+        now = time.monotonic()
+        with self.lock:
+            worker.pid = pid
+            worker.conn = conn
+            worker.state = "busy"
+            worker.task = task
+            task.worker = worker
+            task.start(now)
+            if task.memory_limit is not None:
+                self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
+            self.roster.workers.add(worker)
+            self.roster.conns[conn] = worker
+        log.debug("task %d on the fork path, child pid %d", task.id, pid)
+        self.wake()
 
-        # its end of file reaches the monitor, which retires it
+    # -- kills ---------------------------------------------------------------------------------
 
-    # -- worker ends ---------------------------------------------------------------------------
+    def kill_tasks(self, tasks: Iterable[Task], detail: str, grace_s: float) -> list[Task]:
+        """Kill the workers running (or about to run) ``tasks``; once reaped, a started one
+        fails with ``WorkerCrashedError`` saying ``detail``, one not yet started is cancelled.
+        Returns the tasks a kill went out for."""
+        now = time.monotonic()
+        victims: list[tuple[Task, WorkerHandle]] = []
+        with self.lock:
+            for task in tasks:
+                worker = task.worker
+                live = task.state in (TaskState.SENT, TaskState.STARTED)
+                if live and task.kill_order is None and worker is not None:
+                    task.kill_order = KillOrder("killed", now, detail)
+                    victims.append((task, worker))
+        threads = [
+            threading.Thread(target=_process.kill_group, args=(w.pid, grace_s), daemon=True)
+            for _, w in victims
+            if w.pid
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=grace_s + 10)
+        return [t for t, _ in victims]
 
-    # -- killing -------------------------------------------------------------------------------
+    def _memory_exceeded(self, task: Task, pid: int, peak: int) -> None:
+        """The memory watcher saw ``task``'s group past its limit: order its kill and kill the
+        group at once, no grace (the machine's memory is at stake); its end of file makes the
+        reaper report :class:`TaskMemoryError`. Watcher thread, no lock held."""
+        with self.lock:
+            worker = task.worker
+            if task.state is not TaskState.STARTED or task.kill_order is not None:
+                return
+            if worker is None or worker.pid != pid:
+                return
+            task.kill_order = KillOrder("memory", time.monotonic())
+            task.memory_peak = peak
+        log.debug("task %d: process group %d past its memory limit, killed", task.id, pid)
+        kill_now(pid)
+        self.submit_job(_process.kill_group, pid, 0.0)  # waits for them; catches stragglers
+
+    def _repump(self, scheduler: Any) -> None:
+        """Memory may have freed: let ``scheduler``'s queue go on (memory watcher, no lock)."""
+        with self.lock:
+            actions = scheduler.pump()
+        self.run(actions)
 
     # -- what the monitor reports (the monitor thread; see _monitor.py) ------------------------
 
     def watch_list(self) -> dict[Any, int | None]:
-        """What the monitor waits on (``lock`` held): every known socket, and the process
-        sentinel of each worker still starting (fd looked up when first registered)."""
-        live: dict[Any, int | None] = dict.fromkeys(self.conns)
-        for worker in self._starting.values():
-            if worker.process is not None and worker.state == "starting":
-                live[worker] = worker.process.sentinel
-        return live
+        """What the monitor waits on (``lock`` held): :meth:`WorkerRoster.watch_list`."""
+        return self.roster.watch_list()
 
     def dispatch(self, conn: Connection, message: Any) -> None:
+        """A message read from ``conn`` (the monitor thread)."""
         if isinstance(message, Started):
             self._started(conn, message)
         elif isinstance(message, Done):
@@ -293,25 +332,68 @@ class Hub(TaskPath):
             self._hello(conn, message)
         elif isinstance(message, (Forked, ForkRefused, Exited)):
             with self.lock:
-                template = self.conns.get(conn)
+                template = self.roster.conns.get(conn)
                 if template is None or template.kind != "template":
                     return
-                decisions = self.templates.message(template, message, self._starting)
+                decisions = self.templates.message(template, message, self.roster.starting)
                 self.changed.notify_all()  # an exit code exit_code_of() may wait for
-            self.starts.carry(decisions)
+            self.launcher.carry_out(decisions)
+
+    def eof(self, conn: Connection) -> None:
+        """``conn`` ended: its worker is dead (:meth:`Reaper.eof`)."""
+        self.reaper.eof(conn)
+
+    def died_starting(self, worker: WorkerHandle) -> None:
+        """A starting worker's process sentinel fired before its hello."""
+        self.reaper.died_starting(worker)
+
+    def _started(self, conn: Connection, message: Started) -> None:
+        with self.lock:
+            worker = self.roster.conns.get(conn)
+            task = worker.task if worker is not None else None
+            if task is not None and task.id == message.task_id and task.state is TaskState.SENT:
+                task.start(time.monotonic())
+                if task.memory_limit is not None and worker is not None:
+                    self.memory.watch(task, worker.pid, task.memory_limit)
+
+    def _done(self, conn: Connection, message: Done) -> None:
+        actions: list[Action] = []
+        with self.lock:
+            worker = self.roster.conns.get(conn)
+            task = worker.task if worker is not None else None
+            if worker is None or task is None or task.id != message.task_id:
+                return
+            if task.state is not TaskState.STARTED or task.kill_order is not None:
+                return  # being killed: the reaper reports it
+            if message.retire:
+                # A sticky CUDA error: this process is done for; replace it like a crashed one.
+                log.debug("worker pid %d retires after a sticky CUDA error", worker.pid)
+                self.roster.forget(worker)
+            elif message.recycle:
+                # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
+                # it at once (from the warm template: milliseconds).
+                self.roster.forget(worker)
+            actions += task.owner.task_returned(task, (message, worker.pid))
+            if (message.retire or message.recycle) and worker.owner is not None:
+                actions += worker.owner.worker_gone(
+                    worker, expected=False, recycled=message.recycle
+                )
+        if message.retire:
+            actions.append(StopWorker(worker, kill=True))
+        self.run(actions)
 
     def _hello(self, conn: Connection, message: Hello) -> None:
         actions: list[Action] = []
         with self.lock:
             if conn in self.monitor.unknown:
                 self.monitor.unknown.remove(conn)
-            worker = self._starting.pop(message.token, None)
+            worker = self.roster.starting.pop(message.token, None)
             if worker is None or worker.state != "starting":
                 conn.close()  # stopped while starting: its serve loop sees EOF and returns
                 return
             worker.pid = message.pid
             worker.conn = conn
-            self.conns[conn] = worker
+            self.roster.conns[conn] = worker
             decisions: list[Decision] = []
             if message.failure is None:
                 worker.ready(time.monotonic())
@@ -320,7 +402,7 @@ class Hub(TaskPath):
                 elif worker.owner is not None:
                     actions = worker.owner.worker_ready(worker)
                 else:
-                    self.put_pooled(worker, worker.since)
+                    self.roster.put_pooled(worker, worker.since)
                 self.changed.notify_all()
         self.guardian.watch(message.pid)
         if message.failure is not None:
@@ -333,11 +415,11 @@ class Hub(TaskPath):
             if worker.kind == "template":  # the initializer fails: in every worker of the kind
                 with self.lock:
                     decisions = self.templates.init_failed(worker, error)
-                self.starts.carry(decisions)
-            self.start_failed(worker, error)
+                self.launcher.carry_out(decisions)
+            self.reaper.start_failed(worker, error)
             return
         log.debug("%s pid %d ready", worker.kind, message.pid)
-        self.starts.carry(decisions)
+        self.launcher.carry_out(decisions)
         self.run(actions)
 
     # -- deadlines and idle limits -----------------------------------------------------------
@@ -345,11 +427,11 @@ class Hub(TaskPath):
     def next_timer(self) -> float | None:
         """Seconds until the next deadline or idle expiry (``lock`` held)."""
         soonest: float | None = None
-        for worker in self.workers:
+        for worker in self.roster.workers:
             when: float | None = None
             task = worker.task
             if worker.state == "busy":
-                if task is not None and task.deadline is not None and task.doom is None:
+                if task is not None and task.deadline is not None and task.kill_order is None:
                     when = task.deadline
             elif self.templates.holds(worker):
                 pass  # a template lives while a worker it forked does
@@ -367,16 +449,17 @@ class Hub(TaskPath):
         stuck: list[WorkerHandle] = []
         actions: list[Action] = []
         with self.lock:
-            for worker in list(self.workers):
+            for worker in list(self.roster.workers):
                 task = worker.task
                 if worker.state == "busy" and task is not None:
-                    if task.deadline is not None and task.doom is None and now >= task.deadline:
-                        task.doom = Doom("timeout", now)
+                    due = task.deadline is not None and now >= task.deadline
+                    if due and task.kill_order is None:
+                        task.kill_order = KillOrder("timeout", now)
                         kills.append(worker)
                 elif worker.idle_expired(now) and not self.templates.holds(worker):
                     # Taken out of every idle list in this same step: no dispatch can pick it.
                     owner = worker.owner
-                    self.forget(worker)
+                    self.roster.forget(worker)
                     if owner is not None:
                         actions += owner.worker_gone(worker, expected=True)
                     actions.append(StopWorker(worker, kill=False))
@@ -387,7 +470,7 @@ class Hub(TaskPath):
             self.submit_job(_process.kill_group, worker.pid)
         self.run(actions)
         for worker in stuck:
-            self.start_failed(
+            self.reaper.start_failed(
                 worker, TimeoutError(f"worker did not start within {WORKER_START_TIMEOUT_S:g}s")
             )
 
@@ -402,13 +485,13 @@ class Hub(TaskPath):
         _exiting = True
         with self.lock:
             self.exiting = True
-            cores = list(self.cores)
+            schedulers = list(self.schedulers)
         try:
-            for core in cores:
-                core.drain_at_exit()
+            for scheduler in schedulers:
+                scheduler.drain_at_exit()
         except BaseException:  # noqa: BLE001 - Ctrl-C: kill what runs, then close
-            for core in cores:
-                core.abort("the interpreter exited")
+            for scheduler in schedulers:
+                scheduler.abort("the interpreter exited")
         self.close()
 
     def close(self) -> None:
@@ -420,13 +503,13 @@ class Hub(TaskPath):
             if self.closed:
                 return
             self.closed = True
-            workers = list(self.workers)
+            workers = list(self.roster.workers)
             for worker in workers:
                 worker.die(time.monotonic())
-            cores = list(self.cores)
+            schedulers = list(self.schedulers)
         self.monitor.stop()  # no reads in flight from here on
-        for core in cores:
-            core.abort("the executor's process is closing its workers")
+        for scheduler in schedulers:
+            scheduler.abort("the executor's process is closing its workers")
         for worker in workers:
             if worker.state == "busy" or worker.conn is None or worker.kind == "fork":
                 if worker.pid:
@@ -436,8 +519,8 @@ class Hub(TaskPath):
                     worker.conn.send_bytes(encode(Stop()))
         for worker in workers:
             if worker.kind == "fork":
-                _reap_child(worker.pid)
-            self.retire(worker)
+                reap_child(worker.pid)
+            self.reaper.retire(worker)
         self._jobs.shutdown(wait=True)
         self._settlers.shutdown(wait=True, timeout_s=10.0)
         self.guardian.stop()

@@ -26,13 +26,13 @@ cost grows with the caller — is never read.
 **Admission.** A task with a limit starts only while the tasks with limits already running,
 each counted at its limit less what it holds now, plus this one fit in the memory the machine
 has available (``psutil.virtual_memory().available``, which already excludes what they hold):
-:func:`._scheduler.fits_in_memory`. With nothing limited running, the head task starts anyway,
+:func:`._policy.fits_in_memory`. With nothing limited running, the head task starts anyway,
 so a limit larger than the free memory slows a batch to one task at a time but never stalls it.
 
-**Threads.** One watcher thread samples while something is watched or a core waits for memory,
-and ends after :data:`._jobs.THREAD_IDLE_S` with nothing to do. It never holds the hub's lock
-while it reads ``/proc``; a group past its limit is handed to the hub (``on_exceeded``), which
-marks the task doomed and kills the group.
+**Threads.** One watcher thread samples while something is watched or a scheduler waits for
+memory, and ends after :data:`._jobs.THREAD_IDLE_S` with nothing to do. It never holds the
+hub's lock while it reads ``/proc``; a group past its limit is handed to the hub
+(``on_exceeded``), which orders the task's kill (a ``KillOrder``) and kills the group.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 
 import psutil
 
-from . import _scheduler
+from . import _policy
 from ._jobs import THREAD_IDLE_S
 
 SAMPLE_INTERVAL_S = 0.02
@@ -154,7 +154,7 @@ class MemoryGuard:
         lock: the hub's lock (reservations change under it).
         on_exceeded: called (watcher thread, no lock held) with ``(key, pid, peak_bytes)`` when
             a watched group's charge passes its limit; it decides and kills.
-        repump: called (watcher thread, no lock held) for each core waiting for memory, every
+        repump: called (watcher thread, no lock held) for each scheduler waiting for memory, every
             sample round, so memory freed elsewhere — another executor, another program —
             lets its queue go on.
         submit: runs ``fn(*args)`` on a background job thread (the hub's job pool).
@@ -173,7 +173,7 @@ class MemoryGuard:
         self._submit = submit
         self._reserved: dict[Any, int] = {}  # key (a task) → its limit, from dispatch to close
         self._watched: dict[Any, _Watched] = {}  # key → what is sampled (a started task)
-        self._waiting: set[Any] = set()  # cores whose head task waits for memory
+        self._waiting: set[Any] = set()  # schedulers whose head task waits for memory
         self._thread: threading.Thread | None = None
 
     # -- under the hub's lock ----------------------------------------------------------------
@@ -182,7 +182,7 @@ class MemoryGuard:
         """Whether a task with ``limit`` may start now (lock held)."""
         held = [(r, self.charge(k)) for k, r in self._reserved.items()]
         available = psutil.virtual_memory().available
-        return _scheduler.fits_in_memory(limit, held, available)
+        return _policy.fits_in_memory(limit, held, available)
 
     def reserved(self) -> int:
         """Bytes reserved by tasks with limits in flight (lock held)."""
@@ -207,13 +207,14 @@ class MemoryGuard:
             self._submit(self._measure_shared, entry)  # sampled once it is known
         self._ensure_thread()
 
-    def wait_for_memory(self, core: Any, waiting: bool) -> None:
-        """Mark ``core`` as waiting for memory (its queue head did not fit) or not (lock held)."""
+    def wait_for_memory(self, scheduler: Any, waiting: bool) -> None:
+        """Mark ``scheduler`` as waiting for memory (its queue head did not fit) or not (lock
+        held)."""
         if waiting:
-            self._waiting.add(core)
+            self._waiting.add(scheduler)
             self._ensure_thread()
         else:
-            self._waiting.discard(core)
+            self._waiting.discard(scheduler)
 
     def charge(self, key: Any) -> int:
         """The latest charge sampled for ``key`` (0 if none yet; lock held)."""
@@ -243,8 +244,8 @@ class MemoryGuard:
             round_start = time.monotonic()
             for entry in watched:
                 self._sample(entry)
-            for core in waiting:
-                self._repump(core)
+            for scheduler in waiting:
+                self._repump(scheduler)
             time.sleep(max(0.0, SAMPLE_INTERVAL_S - (time.monotonic() - round_start)))
 
     @staticmethod

@@ -1,15 +1,63 @@
 """The immutable records an executor hands back: a task's value with its output, a task's
 timeline, and a snapshot of the executor's counters. Plain frozen dataclasses, no behaviour, so
-every layer (the core that fills them, the facades that return them) can import them."""
+every layer (the scheduler that fills them, the facades that return them) can import them; the
+:class:`Settings` an executor is built with; and :class:`Timeline`, where the settler keeps the
+timeline rows until they are read."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ._errors import TaskTimeoutError, WorkerCrashedError
+from ._errors import Classification, TaskTimeoutError, WorkerCrashedError
+
+if TYPE_CHECKING:
+    from ._state import Task
+
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+"""Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
+batches, and a restart costs an interpreter plus its imports (docs/design.md, "Process
+lifecycle")."""
+
+DEFAULT_START: Literal["template", "interpreter"] = "template"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one executor was built with, validated by the facade (``PrecompileExecutor``).
+
+    Attributes:
+        max_workers: most tasks in flight at once, both paths together.
+        init_blob: cloudpickled ``(initializer, initargs)``, or ``None``; also the pool key.
+        idle_timeout_s: seconds an idle worker stays; ``None``: until exit.
+        classify: maps a task's exception to its classification.
+        ignore_errors: classify every failure as ``"debug"``.
+        devices: GPUs to pin spawn workers to (``CUDA_VISIBLE_DEVICES``), or ``None``.
+        spare_workers: extra started workers kept idle in the hub's pool.
+        start: ``"template"`` or ``"interpreter"``.
+        cost_history: the JSON file of observed durations, or ``None`` (in memory only).
+        max_tasks_per_child: a spawn worker leaves after this many tasks; ``None``: never.
+    """
+
+    max_workers: int
+    init_blob: bytes | None = None
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    classify: Callable[[BaseException], Classification] | None = None
+    ignore_errors: bool = False
+    devices: tuple[str, ...] | None = None
+    spare_workers: int = 0
+    start: Literal["template", "interpreter"] = DEFAULT_START
+    cost_history: str | os.PathLike[str] | None = None
+    max_tasks_per_child: int | None = None
+
+
+TIMELINE_LIMIT = 10_000
+"""Timeline records an executor keeps (about 200 bytes each); older ones are dropped."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,3 +207,58 @@ def count_outcome(counts: Tallied, error: BaseException | None) -> None:
         counts.timed_out += 1
     elif isinstance(error, WorkerCrashedError):
         counts.crashed += 1
+
+
+class Timeline:
+    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
+    :data:`TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records only when
+    read (``tuple(settler.timeline)``, lock held) — a frozen dataclass per task costs more on the
+    settle path than the rest of the record keeping."""
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
+
+    def add(self, task: Task, ok: bool) -> None:
+        self._rows.append(
+            (
+                task.id,
+                task.cost,
+                task.path,
+                task.worker_pid,
+                task.n,
+                task.predicted_s,
+                ok,
+                task.queued_at,
+                task.sent_at,
+                task.started_at,
+                task.done_at,
+                task.decoded_at,
+                task.settled_at,
+                weakref.ref(task.future),
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TaskTimeline]:
+        for row in list(self._rows):
+            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
+            queued, sent, started, done, decoded, settled = times
+            yield TaskTimeline(
+                task_id=task_id,
+                function=cost.function if cost is not None else "",
+                features=cost.features if cost is not None else "",
+                path=path,
+                worker_pid=pid,
+                calls=calls,
+                predicted_s=predicted_s,
+                ok=ok,
+                queued=queued,
+                sent=sent,
+                started=started,
+                done=done,
+                decoded=decoded,
+                settled=settled,
+                future_ref=future_ref,
+            )

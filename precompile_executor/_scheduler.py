@@ -1,110 +1,790 @@
-"""Scheduling decisions as pure functions: no locks, no processes, no clocks.
+"""The scheduler of one executor: its queues, what starts when, the one place a task is resolved,
+and the settler that sets the task's future.
 
-The executor core (:mod:`._core`) calls these with plain numbers and keys taken under its lock
-and acts on what they return, so every rule here is unit-tested without starting a process
-(tests/test_scheduler.py).
+One :class:`Scheduler` per executor (shared by its ``options()`` views), built from one frozen
+:class:`Settings`; it is the :class:`._base.Backend` the public layer drives and the
+:class:`._state.Owner` the hub reports to. Every method marked "lock held" runs under the hub's
+lock and returns the actions it decided (:mod:`._state`); the caller runs them with
+:meth:`._hub.Hub.run` after releasing the lock. It holds two parts:
 
-Rules:
-* capacity is counted in tasks in flight (sent, started, or being forked), both paths together,
-  never in processes: a fork joins the process table only after ``fork()`` returns;
-* among queued tasks the smallest sort key goes first (higher priority, then the longest
-  predicted, then older: ``Task.sort_key``); a spawn task waits while no spawn worker is idle,
-  and a fork task may pass it meanwhile;
-* workers start only for spawn tasks that no idle or starting worker will take, and never
-  beyond ``max_workers`` spawn workers;
-* pinned workers are spread over devices: new ones go to the device with the fewest, tasks to
-  an idle worker on the device with the fewest busy ones;
-* a task with a memory limit starts only while what the running limited tasks may still take,
-  plus its own limit, fits in the available memory (always when none runs).
+* :class:`._worker_manager.WorkerManager` — this executor's workers (adopt, start, give back,
+  spares, devices);
+* :class:`Settler` — decodes a resolved task's outcome, classifies it, records its timeline row
+  and sets its future (:meth:`Settler.settle` on a settle thread; :meth:`Settler.settle_now` on
+  the monitor, when every call returned plain data and no callback but the library's own is
+  attached: :func:`own_callback`).
+
+A task's way through here: :meth:`Scheduler.enqueue_predicted` queues it (futures stay
+PENDING: the honest queue); :meth:`Scheduler.pump` takes the best head while a slot is free and
+emits ``Send`` (an idle worker) or ``Fork``; the hub reports its ``Done``
+(:meth:`Scheduler.task_returned`), a death (:meth:`Scheduler.task_lost`,
+:meth:`Scheduler.task_failed`) or a kill; :meth:`Scheduler._close` moves it to DONE under the
+lock — only the first caller wins — and emits the one ``Settle`` action; the settler sets the
+future. Nothing else sets a task's future. The settler lives in this module rather than one of
+its own because resolving a task and setting its future are the last step of one path: a
+reader follows a task from ``submit`` to its result through six modules (docs/design.md,
+"Reading the code"), this one twice.
+
+Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
+order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
+When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
+its cost model; the settle that leaves the executor idle writes the history files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import Literal, TypeVar
+import functools
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from concurrent.futures import CancelledError, Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
-K = TypeVar("K")
-D = TypeVar("D", bound=Hashable)
+import cloudpickle
+
+from . import _policy, _stdlib
+from ._costs import CostModel, shared_model
+from ._errors import (
+    AFTER_SHUTDOWN,
+    Classification,
+    RemoteError,
+    TaskMemoryError,
+    WorkerCrashedError,
+    WorkerStartError,
+    proxy_from_record,
+    unpickle_error,
+)
+from ._messages import Done
+from ._records import (
+    ExecutorStatistics,
+    Settings,
+    TaskResult,
+    TaskTimeline,
+    Timeline,
+    count_outcome,
+)
+from ._state import Action, Fork, Send, Settle, Task, TaskState, WorkerHandle
+from ._worker_manager import WorkerManager
+
+if TYPE_CHECKING:
+    from ._hub import Hub
+
+log = logging.getLogger("precompile_executor")
+
+OWN_CALLBACK = "_precompile_executor_own"
+"""The attribute that marks a done-callback as the library's own (:func:`own_callback`)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def free_slots(max_workers: int, in_flight: int) -> int:
-    """How many more tasks may be dispatched now."""
-    return max(0, max_workers - in_flight)
+def own_callback(fn: _F) -> _F:
+    """Mark ``fn`` as a done-callback the library attaches itself: quick, takes no lock held
+    across a wait, runs no user code — so a future carrying only such callbacks may be set on
+    the monitor (:meth:`Settler.settle_now`; tests/test_settle.py pins which ones a future
+    carries). Marks the function; its bound methods and ``functools.partial`` of it count too."""
+    setattr(fn, OWN_CALLBACK, True)
+    return fn
 
 
-def next_path(
-    spawn_key: K | None, fork_key: K | None, spawn_worker_idle: bool
-) -> Literal["spawn", "fork"] | None:
-    """Which queue's head to dispatch next, or ``None`` to dispatch nothing.
+def user_callbacks(future: Future[Any]) -> bool:
+    """Whether ``future`` carries a done-callback that is not the library's own."""
+    for callback in _stdlib.done_callbacks(future):
+        fn = callback.func if isinstance(callback, functools.partial) else callback
+        if not getattr(fn, OWN_CALLBACK, False):
+            return True
+    return False
+
+
+def classification(
+    exc: BaseException,
+    hook: Callable[[BaseException], Classification] | None,
+    ignore_errors: bool,
+    default: Classification = "raise",
+) -> Classification:
+    """The one classification rule: ``"debug"`` under ``ignore_errors``; else the ``classify``
+    hook's verdict (``"raise"`` if it raises or answers something else); ``default`` without
+    a hook."""
+    if ignore_errors:
+        return "debug"
+    if hook is None:
+        return default
+    try:
+        verdict = hook(exc)
+    except Exception:  # noqa: BLE001 - a broken hook must not lose the task's error
+        log.exception("the classify hook raised; treating the error as 'raise'")
+        return "raise"
+    return verdict if verdict in ("raise", "warn", "debug") else "raise"
+
+
+MAX_REQUEUES = 3
+"""A task whose worker died before it started runs elsewhere; after this many such deaths in a
+row it fails (something kills every worker it reaches). A started task is never run again."""
+
+
+class Scheduler:
+    """The scheduling state of one executor (see the module doc): its queues, its tasks in
+    flight, its counters; its workers (:attr:`staff`) and its settler (:attr:`settler`).
+
+    Long because one executor's scheduling is one concept, decided under one lock: submitting,
+    dispatching, the hub's reports, and the facade's requests all move the same queues and the
+    same tasks; the parts that are not scheduling are its :class:`WorkerManager` and
+    :class:`Settler`.
+    """
+
+    def __init__(self, hub: Hub, settings: Settings) -> None:
+        self.hub = hub
+        self.settings = settings
+        self.lock = hub.lock
+        self.changed = hub.changed
+        self.max_workers = settings.max_workers
+        # Where this executor's durations are predicted from and recorded in (its views too).
+        path = settings.cost_history
+        self.costs = CostModel() if path is None else shared_model(path)
+        self.queues: dict[str, list[tuple[tuple[float, float, int], Task]]] = {
+            "spawn": [],
+            "fork": [],
+        }
+        self.in_flight: set[Task] = set()  # SENT or STARTED: each holds one of max_workers
+        self.held = 0  # open batch() blocks: nothing is dispatched meanwhile
+        self.predicted_max = 0.0  # the longest prediction of the tasks queued so far
+        self.shutdown = False
+        self.broken: BaseException | None = None
+        self.cancelled = 0
+        self.spawn_tasks = self.fork_tasks = 0
+        self.memory_blocked = False  # the queue's head waits for memory (statistics)
+        self.staff = WorkerManager(hub, self, settings)
+        self.settler = Settler(
+            self.lock,
+            self.changed,
+            settings.classify,
+            settings.ignore_errors,
+            busy=self.busy,
+            submit_job=hub.submit_job,
+        )
+        hub.schedulers.add(self)
+
+    # -- submitting (lock held) -----------------------------------------------------------------
+
+    def check_open(self) -> None:
+        """Raise if no task may be submitted now (lock held)."""
+        if self.hub.exiting or self.hub.closed:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        if self.broken is not None:
+            raise self.broken
+        if self.shutdown:
+            raise RuntimeError(AFTER_SHUTDOWN)
+
+    def enqueue_predicted(self, task: Task) -> list[Action]:
+        """Queue ``task``; one with no prediction is placed as the longest task this executor
+        has predicted (ties keep submission order), not last and not as an average one: an
+        unknown task (a first call of a new function, a hang) may be long, and a long task that
+        starts late holds the batch for its whole duration, while a short one started early
+        costs nothing (lock held). See docs/design.md, "Ordering: the cost model"; the fault
+        batch of ``benchmarks/s8_starts.py`` measures it."""
+        if task.predicted_s > 0:
+            self.predicted_max = max(self.predicted_max, task.predicted_s)
+        else:
+            task.predicted_s = self.predicted_max
+        return self.enqueue(task)
+
+    def enqueue(self, task: Task) -> list[Action]:
+        if task.queued_at is None:
+            task.queued_at = time.monotonic()
+        heapq.heappush(self.queues[task.path], (task.sort_key(), task))
+        return self.pump()
+
+    def count_unsendable(self) -> None:
+        """A call that could not be pickled failed its future before it was queued (lock
+        held)."""
+        self.settler.failed += 1
+
+    def queued(self) -> list[Task]:
+        """Tasks waiting for a worker whose futures are not cancelled (lock held)."""
+        return [t for q in self.queues.values() for _, t in q if not t.future.cancelled()]
+
+    def busy(self) -> bool:
+        """Whether anything of this executor is queued, in flight, unsettled or being saved
+        (lock held)."""
+        settler = self.settler
+        return bool(self.in_flight or settler.unsettled or settler.saving or self.queued())
+
+    # -- dispatch (lock held) -------------------------------------------------------------------
+
+    def pump(self) -> list[Action]:
+        """Dispatch what may start now; start workers the queue needs."""
+        actions: list[Action] = []
+        if self.held:
+            return actions
+        staff = self.staff
+        blocked = False  # the head that would start now waits for memory
+        while _policy.free_slots(self.max_workers, len(self.in_flight)):
+            spawn, fork = self._head("spawn"), self._head("fork")
+            if spawn is not None and not staff.idle:
+                staff.adopt_pooled()
+            path = _policy.next_path(
+                spawn.sort_key() if spawn else None,
+                fork.sort_key() if fork else None,
+                bool(staff.idle),
+            )
+            if path is None:
+                break
+            head = spawn if path == "spawn" else fork
+            limit = head.memory_limit if head is not None else None
+            if limit is not None and not self.hub.memory.admits(limit):
+                blocked = True  # nothing passes it: priority order holds
+                break
+            _, task = heapq.heappop(self.queues[path])
+            if not self.claim(task):
+                task.close()
+                self.cancelled += 1
+                continue
+            now = time.monotonic()
+            self.in_flight.add(task)
+            if task.memory_limit is not None:
+                self.hub.memory.reserve(task, task.memory_limit)
+            if path == "fork":
+                task.state = TaskState.SENT  # the fork itself runs outside the lock
+                task.sent_at = now
+                self.fork_tasks += 1
+                actions.append(Fork(task))
+            else:
+                worker = self._take_idle()
+                worker.take(task, now)
+                task.send_to(worker, now)
+                self.spawn_tasks += 1
+                actions.append(Send(worker, task))
+        if blocked != self.memory_blocked:
+            # While blocked, the memory watcher pumps this scheduler every round: memory freed
+            # by another executor or program lets the queue go on (_memory.py).
+            log.debug(
+                "queued tasks %s for memory (%d bytes reserved by running limited tasks)",
+                "wait" if blocked else "no longer wait",
+                self.hub.memory.reserved(),
+            )
+            self.memory_blocked = blocked
+            self.hub.memory.wait_for_memory(self, blocked)
+        actions += self._start_workers()
+        if self.shutdown and not self.queued():
+            actions += staff.release_idle()
+        self.changed.notify_all()
+        return actions
+
+    def _head(self, path: str) -> Task | None:
+        queue = self.queues[path]
+        while queue:
+            task = queue[0][1]
+            if task.future_running or not task.future.cancelled():
+                return task
+            heapq.heappop(queue)
+            self.claim(task)  # False: cancelled (notified now if it was not yet)
+            task.close()
+            self.cancelled += 1
+        return None
+
+    def _take_idle(self) -> WorkerHandle:
+        """The idle worker for the next spawn task: the warmest, or with devices pinned, one
+        on the device with the fewest busy workers."""
+        idle = self.staff.idle
+        if not self.staff.devices:
+            return idle.pop()
+        index = _policy.pick_idle([w.device for w in idle], self.staff.busy_by_device())
+        return idle.pop(index)
+
+    def _start_workers(self) -> list[Action]:
+        # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
+        if self.broken is not None:
+            return []
+        if not self.queues["spawn"] or len(self.in_flight) >= self.max_workers:
+            return []  # nothing waits, or no slot free: workers_to_start would say 0
+        waiting = self._waiting_spawn(limit=self.max_workers)
+        if not waiting:
+            return []
+        return self.staff.starts_for(waiting, len(self.in_flight), spares=not self.shutdown)
+
+    def _waiting_spawn(self, limit: int) -> int:
+        """Queued spawn tasks not cancelled, counted up to ``limit`` (no decision needs more):
+        the pump runs after every task, so it must not walk a queue of thousands."""
+        n = 0
+        for _, task in self.queues["spawn"]:
+            if task.future_running or not task.future.cancelled():
+                n += 1
+                if n >= limit:
+                    break
+        return n
+
+    def claim(self, task: Task) -> bool:
+        """Call the future's ``set_running_or_notify_cancel()``, once per task whoever asks:
+        True, RUNNING (it may start); False, the user cancelled it, and its waiters are
+        notified, so ``wait()`` and ``as_completed()`` see it (lock held)."""
+        if task.future_running:
+            return True
+        if task.cancel_notified:
+            return False
+        if task.future.set_running_or_notify_cancel():
+            task.future_running = True
+            return True
+        task.cancel_notified = True
+        return False
+
+    def cancelled_by_user(self, task: Task) -> None:
+        """A queued task's future was cancelled: notify its waiters now, not when the queue
+        reaches it (the queue drops it then, lock held)."""
+        if task.state is TaskState.QUEUED:
+            self.claim(task)
+
+    # -- the hub's reports (lock held; the _state.Owner protocol) ---------------------------------
+
+    def _close(self, task: Task, outcome: Any) -> list[Action]:
+        """The one place a task is resolved: DONE now, its future set by the settler."""
+        self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
+        if not task.close():
+            return []
+        self.settler.unsettled += 1
+        return [Settle(task, outcome)]
+
+    def task_returned(self, task: Task, outcome: Any) -> list[Action]:
+        """``task``'s ``Done`` arrived: resolve it; its worker takes the next task."""
+        worker = task.worker
+        task.done_at = now = time.monotonic()
+        if worker is not None:
+            task.worker_pid = worker.pid
+        if task.cost is not None and task.costs is not None and task.started_at is not None:
+            task.costs.observe(task.cost, (now - task.started_at) / task.n)
+            self.settler.learned.add(task.costs)
+        actions = self._close(task, outcome)
+        if worker is not None and worker.kind == "spawn" and worker.state == "busy":
+            worker.free(now)
+            worker.tasks_run += 1
+            if self.shutdown and not self.queued():
+                actions += self.staff.give_back(worker, worker.since)
+            else:
+                self.staff.idle.append(worker)
+        return actions + self.pump()
+
+    def task_lost(self, task: Task) -> list[Action]:
+        """``task``'s worker died before the task started: it never ran, so it runs elsewhere."""
+        self.in_flight.discard(task)
+        if task.memory_limit is not None:
+            self.hub.memory.release(task)
+        task.back_to_queue()
+        if task.requeues > MAX_REQUEUES:
+            error = WorkerCrashedError(
+                0, None, detail=f"{task.requeues} workers died before this task could start"
+            )
+            return self._close(task, error) + self.pump()
+        log.debug("task %d never started (its worker died first): queued again", task.id)
+        return self.enqueue(task)
+
+    def task_failed(self, task: Task, error: BaseException) -> list[Action]:
+        """``task`` failed with ``error`` (a crash, a timeout, a kill, a failed fork)."""
+        return self._close(task, error) + self.pump()
+
+    def settle(self, task: Task, outcome: Any) -> None:
+        """:meth:`Settler.settle` (a settle thread)."""
+        self.settler.settle(task, outcome)
+
+    def settle_now(self, task: Task, outcome: Any) -> bool:
+        """:meth:`Settler.settle_now` (the monitor thread)."""
+        return self.settler.settle_now(task, outcome)
+
+    def worker_ready(self, worker: WorkerHandle) -> list[Action]:
+        """One of this executor's workers said hello."""
+        if self.shutdown and not self.queued():
+            self.staff.workers.discard(worker)
+            self.hub.roster.put_pooled(worker, worker.since)
+            return []
+        self.staff.idle.append(worker)
+        return self.pump()
+
+    def worker_gone(
+        self, worker: WorkerHandle, *, expected: bool, recycled: bool = False
+    ) -> list[Action]:
+        """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
+        crashed one is, but not counted as a restart)."""
+        staff = self.staff
+        staff.workers.discard(worker)
+        if worker in staff.idle:
+            staff.idle.remove(worker)
+        actions: list[Action] = []
+        if worker.kind == "spawn" and not expected:
+            if not self.shutdown and self.broken is None:
+                actions += staff.replace(worker, recycled=recycled)
+            else:
+                staff.restarts += 0 if recycled else 1
+        return actions + self.pump()
+
+    def worker_failed_to_start(self, worker: WorkerHandle, error: BaseException) -> list[Action]:
+        """A worker could not start: like the stdlib pools, the executor is broken."""
+        self.staff.workers.discard(worker)
+        if not isinstance(error, WorkerStartError):
+            wrapped = WorkerStartError(f"a worker could not start: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        if self.broken is None:
+            self.broken = error
+        # What waits for a worker fails.
+        actions: list[Action] = []
+        for queue in self.queues.values():
+            for _, task in queue:
+                if self.claim(task):
+                    actions += self._close(task, _start_error(error))
+                else:
+                    task.close()
+                    self.cancelled += 1
+            queue.clear()
+        actions += self.staff.release_idle()  # nothing will use them: to the pool, still warm
+        self.changed.notify_all()
+        return actions
+
+    # -- shutting down --------------------------------------------------------------------------
+
+    def cancel_queued(self, *, also_requeued: bool) -> list[Action]:
+        """Cancel queued tasks (lock held). Re-queued ones (their futures already RUNNING) stay
+        queued unless ``also_requeued``: then they fail with ``CancelledError``."""
+        actions: list[Action] = []
+        for name, queue in self.queues.items():
+            keep = []
+            for entry in queue:
+                task = entry[1]
+                if task.future_running:
+                    if also_requeued:
+                        actions += self._close(task, CancelledError("cancelled before it started"))
+                    else:
+                        keep.append(entry)
+                elif task.future.cancel():
+                    self.claim(task)  # notified (its done-callback may have done it already)
+                    task.close()
+                    self.cancelled += 1
+            heapq.heapify(keep)
+            self.queues[name] = keep
+        self.changed.notify_all()
+        return actions
+
+    def drain_at_exit(self) -> None:
+        """Wait until every task of this executor is done (interpreter exit; no lock held)."""
+        with self.lock:
+            self.held = 0
+            actions = self.pump()
+        self.hub.run(actions)
+        with self.lock:
+            while self.busy():
+                self.changed.wait(0.5)
+
+    def abort(self, reason: str) -> None:
+        """Fail everything still queued or in flight (the hub is closing; no lock held)."""
+        with self.lock:
+            self.shutdown = True
+            actions = self.cancel_queued(also_requeued=True)
+            for task in list(self.in_flight):
+                actions += self._close(task, WorkerCrashedError(0, None, detail=reason))
+        for action in actions:
+            if isinstance(action, Settle):
+                self.settler.settle(action.task, action.outcome)
+
+    # -- the facade's requests (no lock held; the _base.Backend protocol and more) ------------
+
+    def _stop_taking(self) -> None:
+        """Take no new tasks (lock held); an open ``batch()`` must not keep
+        ``shutdown(wait=True)`` waiting, so the hold goes too."""
+        self.shutdown = True
+        self.held = 0
+
+    def hold(self) -> None:
+        """A ``batch()`` block begins: dispatch nothing until it ends."""
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        """A ``batch()`` block ends: dispatch what waits, best first."""
+        with self.lock:
+            self.held = max(0, self.held - 1)
+            actions = self.pump()
+        self.hub.run(actions)
+
+    def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
+        """Take no new tasks; queued ones still run unless ``cancel_futures``."""
+        with self.lock:
+            self._stop_taking()
+            actions = self.cancel_queued(also_requeued=False) if cancel_futures else []
+            actions += self.pump()
+        self.hub.run(actions)
+
+    def join(self) -> None:
+        """Block until nothing of this executor is queued, in flight, unsettled or starting."""
+        with self.lock:
+            while self.busy() or any(w.state == "starting" for w in self.staff.workers):
+                self.changed.wait(0.5)
+            actions = self.pump()
+        self.hub.run(actions)
+
+    def interrupt(self) -> None:
+        """Cancel queued tasks and kill running ones now (Ctrl-C)."""
+        with self.lock:
+            actions = self.cancel_queued(also_requeued=True)
+        self.hub.run(actions)
+        self._kill_until_idle(0.0, "killed because the caller was interrupted")
+
+    def kill(self, futures: AbstractSet[Future[Any]]) -> list[Future[Any]]:
+        """Kill the process groups running any of ``futures``; return the futures killed."""
+        with self.lock:
+            tasks = [t for t in self.in_flight if t.future in futures]
+        self.hub.kill_tasks(tasks, "killed because the batch was interrupted", grace_s=0)
+        return [t.future for t in tasks]
+
+    def warm_up(self, timeout: float | None) -> list[int]:
+        """Start ``max_workers`` spawn workers; return their pids once all are ready."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            self.check_open()
+            actions = self.staff.warm_up_actions()
+        self.hub.run(actions)
+        with self.lock:
+            while True:
+                if self.broken is not None:
+                    raise self.broken
+                if self.staff.ready():
+                    return sorted(w.pid for w in self.staff.spawn_workers())
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"workers were not ready within {timeout}s")
+                self.changed.wait(left)
+
+    def stop_workers(self, grace_s: float, reason: str) -> None:
+        """Shut down, cancel every queued task, kill the running ones (SIGTERM, ``grace_s``,
+        SIGKILL), then stop this executor's idle workers and the pooled ones of its kind."""
+        with self.lock:
+            self._stop_taking()
+            actions = self.cancel_queued(also_requeued=True)
+        self.hub.run(actions)
+        self._kill_until_idle(grace_s, reason)
+        with self.lock:
+            actions = self.staff.stop_idle() + self.staff.stop_starting()
+        self.hub.run(actions)
+        for key in self.staff.pool_keys():
+            self.hub.stop_idle(key)
+
+    def _kill_until_idle(self, grace_s: float, reason: str, timeout_s: float = 30.0) -> None:
+        """Kill what runs until nothing of this executor is in flight (a fork may be
+        mid-``fork()`` on the first round)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                tasks = list(self.in_flight)
+            self.hub.kill_tasks(tasks, reason, grace_s)
+            with self.lock:
+                if not self.in_flight and not self.settler.unsettled:
+                    return
+                if time.monotonic() > end:
+                    log.warning("tasks still in flight %gs after a kill", timeout_s)
+                    return
+                self.changed.wait(0.1)
+
+    def statistics(self) -> ExecutorStatistics:
+        """An immutable snapshot of the counters, the queue and the workers."""
+        with self.lock:
+            queued = [t for q in self.queues.values() for _, t in q]
+            waiting = sum(1 for t in queued if t.future_running or not t.future.cancelled())
+            settler = self.settler
+            return ExecutorStatistics(
+                queued=waiting,
+                running=len(self.in_flight),
+                completed=settler.completed,
+                failed=settler.failed,
+                cancelled=self.cancelled
+                + sum(1 for t in queued if not t.future_running and t.future.cancelled()),
+                timed_out=settler.timed_out,
+                crashed=settler.crashed,
+                workers_alive=sum(1 for w in self.staff.workers if w.state != "dead"),
+                worker_restarts=self.staff.restarts,
+                spawn_tasks=self.spawn_tasks,
+                fork_tasks=self.fork_tasks,
+                start=self.staff.effective_start(),
+                start_note=self.staff.start_note(),
+                memory_killed=settler.memory_killed,
+                waiting_for_memory=(
+                    min(waiting, max(0, self.max_workers - len(self.in_flight)))
+                    if self.memory_blocked
+                    else 0
+                ),
+                memory_reserved=self.hub.memory.reserved(),
+            )
+
+    def timelines(self) -> tuple[TaskTimeline, ...]:
+        """The settled tasks' timelines, oldest first."""
+        with self.lock:
+            return tuple(self.settler.timeline)
+
+
+class Settler:
+    """Sets resolved tasks' futures (no lock held on entry; see the module doc) and counts and
+    records their outcomes (under the hub's ``lock``).
 
     Args:
-        spawn_key: sort key of the spawn queue's head (``None``: empty).
-        fork_key: sort key of the fork queue's head (``None``: empty).
-        spawn_worker_idle: whether an idle spawn worker can take the spawn head now.
+        lock: the hub's lock.
+        changed: the hub's condition, notified when a task is settled.
+        classify: the executor's ``classify`` hook.
+        ignore_errors: classify every failure as ``"debug"``.
+        busy: whether the executor has anything left to do (lock held).
+        submit_job: runs a function on the hub's job pool.
     """
-    spawn_ok = spawn_key is not None and spawn_worker_idle
-    if spawn_ok and fork_key is not None:
-        return "spawn" if spawn_key < fork_key else "fork"  # type: ignore[operator]
-    if spawn_ok:
-        return "spawn"
-    return "fork" if fork_key is not None else None
 
+    def __init__(
+        self,
+        lock: threading.RLock,
+        changed: threading.Condition,
+        classify: Callable[[BaseException], Classification] | None,
+        ignore_errors: bool,
+        *,
+        busy: Callable[[], bool],
+        submit_job: Callable[..., None],
+    ) -> None:
+        self.lock = lock
+        self.changed = changed
+        self.classify = classify
+        self.ignore_errors = ignore_errors
+        self._busy = busy
+        self._submit_job = submit_job
+        self.unsettled = 0  # resolved, future not yet set
+        self.timeline = Timeline()
+        self.learned: set[CostModel] = set()  # cost models with observations not yet saved
+        self.saving = 0  # settle threads writing cost histories
+        self.completed = self.failed = self.timed_out = self.crashed = 0
+        self.memory_killed = 0
 
-def workers_to_start(
-    *, waiting: int, idle: int, starting: int, spawn_workers: int, in_flight: int, max_workers: int
-) -> int:
-    """How many spawn workers to start for ``waiting`` queued spawn tasks.
+    def settle(self, task: Task, outcome: Any) -> None:
+        """Decode ``outcome`` and set ``task``'s future; never raises (a settle thread)."""
+        ok, value = self._decoded(task, outcome)
+        self._recorded(task, ok, value)
+        self._set_and_finish(task, ok, value)
 
-    Args:
-        waiting: queued spawn tasks.
-        idle: idle spawn workers of this executor.
-        starting: its spawn workers still starting.
-        spawn_workers: all its live spawn workers (starting, idle, busy).
-        in_flight: its tasks in flight, both paths.
-        max_workers: its cap.
-    """
-    want = min(waiting, free_slots(max_workers, in_flight)) - idle - starting
-    room = max_workers - spawn_workers
-    return max(0, min(want, room))
-
-
-def least_loaded(devices: Sequence[D], load: Mapping[D, int]) -> D:
-    """The device with the smallest load; ties go to the earliest in ``devices``."""
-    return min(devices, key=lambda d: load.get(d, 0))
-
-
-def pick_idle(idle_devices: Sequence[D], busy: Mapping[D, int]) -> int:
-    """Index of the idle worker to use: the last one (warmest), or with devices pinned, one on
-    the device with the fewest busy workers.
-
-    Args:
-        idle_devices: the device of each idle worker, in the order they became idle.
-        busy: busy workers per device.
-    """
-    if not idle_devices:
-        raise ValueError("no idle worker to pick")
-    best = len(idle_devices) - 1
-    for i in range(len(idle_devices) - 1, -1, -1):
-        if busy.get(idle_devices[i], 0) < busy.get(idle_devices[best], 0):
-            best = i
-    return best
-
-
-def fits_in_memory(limit: int, running: Sequence[tuple[int, int]], available: int) -> bool:
-    """Whether a task with a memory limit of ``limit`` bytes may start now.
-
-    The tasks with limits already running may each still grow to its limit: what they may yet
-    take, Σ (limit − held now), plus ``limit`` must fit in ``available`` (the machine's free
-    memory, which already excludes what they hold). With none running, the task starts whatever
-    it asks, so a batch never stalls on a limit larger than the free memory: it runs one at a
-    time.
-
-    Args:
-        limit: the new task's limit in bytes.
-        running: ``(limit, held)`` in bytes of each running task with a limit.
-        available: bytes the machine has available now.
-    """
-    if not running:
+    def settle_now(self, task: Task, outcome: Any) -> bool:
+        """Settle ``task`` on this thread (the monitor's) when that imports nothing and runs no
+        user code: every call returned plain data (``Done.plain``), no output was asked for,
+        and the future has no done-callback but the executor's own. ``False``: nothing done,
+        the caller hands it to a settle thread (docs/design.md, "Threads: who owns what")."""
+        done = outcome[0] if isinstance(outcome, tuple) else None
+        future = task.future
+        if not (isinstance(done, Done) and done.plain) or task.want_output:
+            return False
+        if user_callbacks(future):
+            return False
+        ok, value = self._decoded(task, outcome)
+        self._recorded(task, ok, value)
+        # Under the future's own lock (an RLock; set_result takes it again): a done-callback
+        # added meanwhile waits for it, then sees the future done and runs on its adder's
+        # thread. Only the executor's own callback (no lock, nothing slow) runs here.
+        with _stdlib.future_condition(future):
+            late = user_callbacks(future)
+            if not late:
+                self._set(task, ok, value)
+        if late:  # added between the two checks: its callback must not run on the monitor
+            self._submit_job(self._set_and_finish, task, ok, value)
+            return True
+        save = self._finished(task)
+        if save:
+            self._submit_job(self._save, save)
         return True
-    may_take = sum(max(0, lim - held) for lim, held in running)
-    return may_take + limit <= available
+
+    def _decoded(self, task: Task, outcome: Any) -> tuple[bool, Any]:
+        try:
+            ok, value = self._decode(task, outcome)
+        except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a result's __reduce__
+            ok, value = False, self._error(unpickle_error(exc))
+        task.decoded_at = time.monotonic()
+        return ok, value
+
+    def _recorded(self, task: Task, ok: bool, value: Any) -> None:
+        with self.lock:
+            # Recorded before the future is set, so whoever waited on it finds its record.
+            task.settled_at = time.monotonic()
+            self.timeline.add(task, ok)
+            count_outcome(self, None if ok else value)
+            if not ok and isinstance(value, TaskMemoryError):
+                self.memory_killed += 1
+
+    @staticmethod
+    def _set(task: Task, ok: bool, value: Any) -> None:
+        try:
+            if ok:
+                task.future.set_result(value)
+            else:
+                task.future.set_exception(value)
+        except BaseException:  # noqa: BLE001 - a done-callback's error is the stdlib's to log
+            log.exception("setting a future raised")
+
+    def _set_and_finish(self, task: Task, ok: bool, value: Any) -> None:
+        try:
+            self._set(task, ok, value)
+        finally:
+            save = self._finished(task)
+            if save:
+                self._save(save)
+
+    def _finished(self, task: Task) -> list[CostModel]:
+        """The future is set: count it settled; the cost models to save if the executor has
+        nothing left to do (lock taken here)."""
+        with self.lock:
+            self.unsettled -= 1
+            save: list[CostModel] = []
+            if self.learned and not self._busy():
+                # A model without a history file has nothing to write: no job for it.
+                save = [model for model in self.learned if model.path is not None]
+                self.learned = set()
+                if save:
+                    self.saving += 1
+            self.changed.notify_all()
+        return save
+
+    def _save(self, models: list[CostModel]) -> None:
+        """The batch is over: keep what it taught for the next run (a settle thread, no lock).
+        Counted as busy meanwhile, so ``shutdown(wait=True)`` returns with the files written."""
+        try:
+            for model in models:
+                model.save()
+        finally:
+            with self.lock:
+                self.saving -= 1
+                self.changed.notify_all()
+
+    def _decode(self, task: Task, outcome: Any) -> tuple[bool, Any]:
+        if isinstance(outcome, BaseException):
+            return False, self._error(outcome)
+        done, pid = outcome
+        assert isinstance(done, Done)
+        results = [self._decode_one(ok, payload, task, pid) for ok, payload in done.outcomes]
+        if task.chunked:
+            return True, results
+        ok, value = results[0]
+        if ok and task.want_output:
+            elapsed = time.monotonic() - (task.started_at or time.monotonic())
+            value = TaskResult(value, done.output or "", pid, elapsed)
+        return ok, value
+
+    def _decode_one(self, ok: bool, payload: Any, task: Task, pid: int) -> tuple[bool, Any]:
+        if not ok:
+            return False, self._error(proxy_from_record(payload))
+        try:
+            return True, cloudpickle.loads(payload)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: it fails this task only
+            error = unpickle_error(exc)
+            error.worker_pid = pid
+            return False, self._error(error)
+
+    def _error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, RemoteError):
+            exc.classification = self._classify(exc)
+        return exc
+
+    def _classify(self, exc: BaseException) -> Classification:
+        return classification(exc, self.classify, self.ignore_errors)
+
+
+def _start_error(error: BaseException) -> WorkerStartError:
+    failed = WorkerStartError(f"no worker could start to run this task: {error}")
+    failed.__cause__ = error
+    return failed

@@ -1,7 +1,7 @@
 """Tasks and worker handles: explicit states, guarded transitions, and the actions they lead to.
 
 Every field here is read and written with the hub's lock held (one lock for the hub and every
-executor core: a task's state and its worker's state always change together).
+executor scheduler: a task's state and its worker's state always change together).
 
 Task states::
 
@@ -49,16 +49,17 @@ class TaskState(enum.Enum):
     DONE = "done"
 
 
-class Doom(NamedTuple):
-    """Why a started task is being killed, and when that was decided."""
+class KillOrder(NamedTuple):
+    """Why a task is being killed, and when that was decided: a task with one is the reaper's to
+    report (its ``Done``, if one still comes, is ignored)."""
 
-    reason: Literal["timeout", "killed", "memory"]
+    cause: Literal["timeout", "killed", "memory"]
     at: float
     detail: str = ""
 
 
 class Owner(Protocol):
-    """What the hub asks of the executor core that owns tasks and workers: its reports (lock
+    """What the hub asks of the executor scheduler that owns tasks and workers: its reports (lock
     held), and at interpreter exit :meth:`drain_at_exit` and :meth:`abort` (no lock held)."""
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]: ...
@@ -110,18 +111,20 @@ class Task:
     id: int = dataclasses.field(default_factory=lambda: next(_task_ids))
     state: TaskState = TaskState.QUEUED
     future_running: bool = False  # set_running_or_notify_cancel() done (the task was dispatched)
-    cancel_notified: bool = False  # cancelled by the user, and its waiters notified (Core.claim)
+    cancel_notified: bool = False  # cancelled by the user, waiters notified (Scheduler.claim)
     requeues: int = 0
     worker: WorkerHandle | None = None
     sent_at: float | None = None
     started_at: float | None = None
     deadline: float | None = None
-    doom: Doom | None = None
+    kill_order: KillOrder | None = None
     cost: CostKey | None = None  # what its duration is predicted and recorded under
     costs: CostModel | None = None  # where its duration is recorded
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
     memory_limit: int | None = None  # bytes its process group may hold (options(memory_limit=))
-    memory_peak: int = 0  # the charge that passed memory_limit (set when it is doomed for it)
+    memory_peak: int = (
+        0  # the charge that passed memory_limit (set when its kill is ordered for it)
+    )
     # Its timeline (time.monotonic()): sent_at and started_at above, and
     queued_at: float | None = None  # first enqueued
     done_at: float | None = None  # its Done message handled (the worker's result is here)

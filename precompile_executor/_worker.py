@@ -27,10 +27,12 @@ from typing import Any
 
 import cloudpickle
 
+from . import _stdlib
 from ._errors import ErrorRecord, record_from_exception
 from ._messages import Done, Hello, Outcome, Run, Started, decode, encode, write_frame
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+"""One call of a task: ``(fn, args, kwargs)`` (the one definition: every module imports it)."""
 
 CAPTURE_LIMIT_BYTES = 1 << 20
 """Keep at most the last 1 MiB of a task's output: compiler logs can be huge."""
@@ -280,7 +282,7 @@ def become_group_leader() -> None:
 @dataclasses.dataclass(frozen=True)
 class Startup:
     """What the parent gives a process it starts: a spawn worker (:func:`serve`) or a warm
-    template (:func:`._template.serve_template`).
+    template (:func:`._fork_server.serve_template`).
 
     Attributes:
         address: the parent's Unix socket.
@@ -303,7 +305,7 @@ def serve(start: Startup) -> None:
     """A spawn worker's life: connect, run the initializer, then serve tasks until told to stop.
 
     Runs in a fresh interpreter started by loky, or in a child forked from a warm template
-    (:mod:`._template`, ``init_blob`` ``None``: the template ran it already).
+    (:mod:`._fork_server`, ``init_blob`` ``None``: the template ran it already).
     """
     drop_inherited_trackers()
     become_group_leader()
@@ -320,24 +322,16 @@ def drop_inherited_trackers() -> None:
     (and of its own), so the child's semaphores and shared memory register there. A warm worker
     lives for minutes after its executor is gone; holding that pipe, it keeps the tracker from
     seeing end of file, and a caller that stops its tracker (``resource_tracker._stop()``, as
-    CPython's test harness does) blocks until the worker's idle timeout (issue 24;
-    tests/test_limits.py). A task that needs a tracker gets its own, started on first use and
-    ended with the worker: :data:`None` in ``_fd`` means "not started" to both trackers.
+    CPython's test harness does) blocks until the worker's idle timeout
+    (``tests/test_limits.py::test_warm_workers_do_not_hold_the_callers_resource_tracker``). A
+    task that needs a tracker gets its own, started on first use and ended with the worker.
     """
-    from multiprocessing import resource_tracker as mp_tracker
-
-    trackers: list[Any] = [mp_tracker._resource_tracker]
+    trackers: list[Any] = [_stdlib.resource_tracker()]
     loky_tracker = sys.modules.get("loky.backend.resource_tracker")
     if loky_tracker is not None:
-        trackers.append(loky_tracker._resource_tracker)
+        trackers.append(loky_tracker._resource_tracker)  # loky's: a subclass of the stdlib's
     for tracker in trackers:
-        fd = getattr(tracker, "_fd", None)
-        if fd is None:
-            continue
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        tracker._fd = None
-        tracker._pid = None  # not this process's child: never waited for here
+        _stdlib.drop_tracker_pipe(tracker)
 
 
 def open_cuda_context() -> None:

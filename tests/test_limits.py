@@ -22,7 +22,7 @@ import pytest
 
 from precompile_executor import PrecompileExecutor, RemoteError, TaskMemoryError
 from precompile_executor._jobs import JobPool
-from precompile_executor._scheduler import fits_in_memory
+from precompile_executor._policy import fits_in_memory
 
 pytestmark = pytest.mark.timeout(120)
 

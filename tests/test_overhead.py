@@ -149,10 +149,10 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
     future is set (Hub.run: settles last; on the monitor, at the end of its round)."""
     with PrecompileExecutor(1) as ex:
         ex.warm_up(timeout=60)
-        core = ex._backend
-        hub = core.hub
+        scheduler = ex._backend
+        hub = scheduler.hub
         events: list[tuple[str, int]] = []
-        send, settle_now = hub._send, core.settle_now
+        send, settle_now = hub._send, scheduler.settle_now
 
         def noted_send(worker: Any, task: Task) -> None:
             events.append(("send", task.id))
@@ -163,11 +163,11 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
             return settle_now(task, outcome)
 
         hub._send = noted_send  # type: ignore[method-assign]
-        core.settle_now = noted_settle  # type: ignore[method-assign]
+        scheduler.settle_now = noted_settle  # type: ignore[method-assign]
         try:
             assert list(ex.map(crashers.square, range(4), timeout=60)) == [0, 1, 4, 9]
         finally:
-            del hub._send, core.settle_now
+            del hub._send, scheduler.settle_now
     ids = [i for kind, i in events if kind == "send"]
     assert len(ids) == 4
     order = [(kind, ids.index(i)) for kind, i in events]

@@ -1,4 +1,5 @@
-"""The scheduler's rules and the state machines, without any process (pure functions)."""
+"""The scheduler's rules (:mod:`precompile_executor._policy`) and the state machines, without any
+process (pure functions)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from precompile_executor import _scheduler as sched
+from precompile_executor import _policy as policy
 from precompile_executor._messages import Done, Hello, Run, Started, Stop, decode, encode
 from precompile_executor._state import InvalidTransition, Task, TaskState, WorkerHandle
 
@@ -14,10 +15,10 @@ pytestmark = pytest.mark.timeout(10)
 
 
 def test_capacity_counts_tasks_in_flight() -> None:
-    assert sched.free_slots(4, 0) == 4
-    assert sched.free_slots(4, 3) == 1
-    assert sched.free_slots(4, 4) == 0
-    assert sched.free_slots(4, 5) == 0  # never negative
+    assert policy.free_slots(4, 0) == 4
+    assert policy.free_slots(4, 3) == 1
+    assert policy.free_slots(4, 4) == 0
+    assert policy.free_slots(4, 5) == 0  # never negative
 
 
 @pytest.mark.parametrize(
@@ -36,7 +37,7 @@ def test_capacity_counts_tasks_in_flight() -> None:
     ],
 )
 def test_next_path(spawn: object, fork: object, idle: bool, expected: str | None) -> None:
-    assert sched.next_path(spawn, fork, idle) == expected
+    assert policy.next_path(spawn, fork, idle) == expected
 
 
 @pytest.mark.parametrize(
@@ -54,17 +55,17 @@ def test_next_path(spawn: object, fork: object, idle: bool, expected: str | None
     ],
 )
 def test_workers_to_start(kw: dict[str, int], expected: int) -> None:
-    assert sched.workers_to_start(**kw) == expected
+    assert policy.workers_to_start(**kw) == expected
 
 
 def test_devices_balance() -> None:
-    assert sched.least_loaded(["0", "1"], {"0": 2, "1": 1}) == "1"
-    assert sched.least_loaded(["0", "1"], {}) == "0"  # ties: list order
+    assert policy.least_loaded(["0", "1"], {"0": 2, "1": 1}) == "1"
+    assert policy.least_loaded(["0", "1"], {}) == "0"  # ties: list order
     # the warmest idle worker (last) unless another device is less busy
-    assert sched.pick_idle([None, None, None], {}) == 2
-    assert sched.pick_idle(["0", "1", "0"], {"0": 3, "1": 1}) == 1
+    assert policy.pick_idle([None, None, None], {}) == 2
+    assert policy.pick_idle(["0", "1", "0"], {"0": 3, "1": 1}) == 1
     with pytest.raises(ValueError):
-        sched.pick_idle([], {})
+        policy.pick_idle([], {})
 
 
 def _task() -> Task:

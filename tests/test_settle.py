@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from precompile_executor import PrecompileExecutor
-from precompile_executor._settle import user_callbacks
+from precompile_executor._scheduler import user_callbacks
+from precompile_executor._stdlib import done_callbacks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,8 +60,8 @@ def test_the_executor_and_its_views_attach_only_their_own_callbacks(
     for ex in (executor, view):
         with ex.batch():  # nothing is dispatched in the block: the future cannot finish yet
             future = ex.submit(abs, -1)
-            counts.append(len(future._done_callbacks))  # type: ignore[attr-defined]
-            assert not user_callbacks(future), future._done_callbacks  # type: ignore[attr-defined]
+            counts.append(len(done_callbacks(future)))
+            assert not user_callbacks(future), done_callbacks(future)
         assert future.result(timeout=60) == 1
     assert counts == [1, 2]  # the executor's own; a view's future: the view's own too
     future = Future[Any]()

@@ -1,4 +1,4 @@
-"""The warm templates' lifecycle rules (:mod:`precompile_executor._templates`), fed events
+"""The warm templates' lifecycle rules (:mod:`precompile_executor._template_lifecycle`), fed events
 directly: no socket, no process. The same rules with real templates: tests/test_contract.py and
 the fault table in tests/test_faults.py."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from precompile_executor._messages import Exited, Forked, ForkRefused
 from precompile_executor._state import WorkerHandle
-from precompile_executor._templates import (
+from precompile_executor._template_lifecycle import (
     EXIT_CODES_KEPT,
     TEMPLATE_FAILURES_BEFORE_FALLBACK,
     AskFork,
@@ -19,7 +19,7 @@ from precompile_executor._templates import (
     Refused,
     StartInterpreter,
     StartTemplate,
-    Templates,
+    TemplateLifecycle,
     Watch,
 )
 
@@ -28,16 +28,16 @@ pytestmark = pytest.mark.timeout(10)
 KIND = b"pickled initializer"
 
 
-def _templates() -> Templates:
+def _templates() -> TemplateLifecycle:
     paths = (f"/nonexistent/out-{i}.txt" for i in itertools.count())
-    return Templates(lambda: next(paths))
+    return TemplateLifecycle(lambda: next(paths))
 
 
 def _worker(key: bytes = KIND) -> WorkerHandle:
     return WorkerHandle("spawn", key, "/nonexistent/w.txt", start="template", template_key=key)
 
 
-def _started(templates: Templates, worker: WorkerHandle) -> WorkerHandle:
+def _started(templates: TemplateLifecycle, worker: WorkerHandle) -> WorkerHandle:
     """Route ``worker`` to a new template and return that template, now ready."""
     [decision] = templates.route(worker)
     assert isinstance(decision, StartTemplate)

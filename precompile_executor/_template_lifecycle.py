@@ -1,11 +1,13 @@
 """The warm templates' lifecycle, as decisions: which template serves a worker, when one starts,
-what its messages mean, when a kind falls back to fresh interpreters.
+what its messages mean, when a kind falls back to fresh interpreters. (The template process
+itself, which runs the initializer and forks workers, is :mod:`._fork_server`.)
 
-A :class:`Templates` holds no socket and starts no process: the hub calls it with the hub's lock
-held, on whatever thread saw the event (a launch job, the monitor reading a template's message,
-the reaper), and carries out the decisions it returns (:data:`Decision`) after releasing the
-lock — start a process, send ``ForkWorker`` requests, watch a pid, fail a start. So every rule
-here can be tested by feeding it events (``tests/test_templates.py``).
+A :class:`TemplateLifecycle` holds no socket and starts no process: the hub calls it with the
+hub's lock held, on whatever thread saw the event (a launch job, the monitor reading a
+template's message, the reaper), and the launcher (:mod:`._launcher`) carries out the decisions
+it returns (:data:`Decision`) after the lock is released — start a process, send
+``ForkWorker`` requests, watch a pid, fail a start. So every rule here can be tested by feeding
+it events (``tests/test_templates.py``).
 
 Lifecycle of the template of one worker kind (the key is the kind's pickled initializer)::
 
@@ -26,7 +28,7 @@ Lifecycle of the template of one worker kind (the key is the kind's pickled init
                                  before its hello) the kind falls back to interpreters
 
 Timer rule: a template never idles out while a worker it forked lives or one waits for a fork
-(:meth:`Templates.holds`); otherwise it expires like any idle worker.
+(:meth:`TemplateLifecycle.holds`); otherwise it expires like any idle worker.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class Refused(NamedTuple):
 Decision = StartTemplate | AskFork | StartInterpreter | Watch | FailStart | DiedStarting | Refused
 
 
-class Templates:
+class TemplateLifecycle:
     """The warm template of each worker kind and the rules of their lifecycle (hub lock held)."""
 
     def __init__(self, new_capture_path: Callable[[], str]) -> None:
@@ -137,8 +139,8 @@ class Templates:
 
     def init_failed(self, template: WorkerHandle, error: BaseException) -> list[Decision]:
         """``template``'s initializer raised: it would in every worker of the kind."""
-        doomed, template.pending = template.pending, []
-        return [FailStart(worker, error) for worker in doomed]
+        waiting, template.pending = template.pending, []
+        return [FailStart(worker, error) for worker in waiting]
 
     def message(
         self,

@@ -1,8 +1,9 @@
-"""The hub's worker ends: a socket's end of file, reaping the process and reporting its started
-task, a failed start, retiring a dead worker's resources, stopping a worker.
+"""The reaper: a worker's end — its socket's end of file, reaping the process and reporting the
+task it had started, a failed start, retiring a dead worker's resources, stopping a worker.
 
-:class:`WorkerEnds` is a base of :class:`._hub.Hub`: its attributes are the hub's, set by
-``Hub.__init__``; see :mod:`._hub` for which thread runs what.
+:class:`Reaper` runs on the monitor thread (an end of file, a death before hello) and on the job
+pool (reaping, stopping); see :mod:`._hub` for which thread runs what. A dead worker's socket is
+closed only on the monitor's thread (:meth:`._monitor.Monitor.close_conn`).
 """
 
 from __future__ import annotations
@@ -15,44 +16,47 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import CancelledError
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from . import _process
 from ._errors import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
+from ._launcher import Launcher, died_early
 from ._messages import Stop, encode
 from ._monitor import Monitor
-from ._starts import Starts, died_early
+from ._roster import WorkerRoster
 from ._state import Action, Task, TaskState, WorkerHandle
-from ._templates import Templates
 from ._worker import read_capture_file
 
 log = logging.getLogger("precompile_executor")
 
 
-class WorkerEnds:
+class ReapSite(Protocol):
+    """What the reaper needs of the hub."""
+
+    lock: threading.RLock
+    guardian: _process.Guardian
+
+    @property
+    def roster(self) -> WorkerRoster: ...
+
+    @property
+    def monitor(self) -> Monitor: ...
+
+    @property
+    def launcher(self) -> Launcher: ...
+
+    def run(self, actions: Iterable[Action]) -> None: ...
+
+    def submit_job(self, fn: Any, *args: Any) -> None: ...
+
+
+class Reaper:
     """How a worker's end is noticed and cleaned up (see the module doc)."""
 
-    # Set by ``Hub.__init__``; guarded by ``lock``.
-    lock: threading.RLock
-    changed: threading.Condition
-    conns: dict[Connection, WorkerHandle]
-    workers: set[WorkerHandle]  # every worker not yet dead
-    guardian: _process.Guardian
-    monitor: Monitor
-    starts: Starts
-    templates: Templates
-    _starting: dict[str, WorkerHandle]
+    def __init__(self, hub: ReapSite) -> None:
+        self._hub = hub
 
-    def run(self, actions: Iterable[Action]) -> None:
-        raise NotImplementedError  # the Hub's: carry out the cores' actions
-
-    def submit_job(self, fn: Any, *args: Any) -> None:
-        raise NotImplementedError  # the Hub's: run ``fn`` on the job pool
-
-    def _unpool(self, worker: WorkerHandle) -> None:
-        raise NotImplementedError  # the Hub's: drop ``worker`` from the idle pool
-
-    def _stop(self, worker: WorkerHandle, kill: bool) -> None:
+    def stop(self, worker: WorkerHandle, kill: bool) -> None:
         """Stop a worker already marked dead: ask its serve loop to return, or kill its group."""
         if kill or worker.conn is None:
             if worker.pid:
@@ -66,38 +70,28 @@ class WorkerEnds:
                 if not conn.closed:
                     conn.send_bytes(encode(Stop()))
 
-    def forget(self, worker: WorkerHandle) -> None:
-        """Drop a worker from every registry (``lock`` held)."""
-        worker.die(time.monotonic())
-        self.workers.discard(worker)
-        self._starting.pop(worker.token, None)
-        self._unpool(worker)
-        if worker.kind == "template":
-            self.templates.forget(worker)
-        elif worker.kind == "spawn":
-            self.templates.drop_pending(worker)  # not forked yet: never will be
-        self.changed.notify_all()
-
     def start_failed(self, worker: WorkerHandle, error: BaseException) -> None:
-        with self.lock:
+        hub = self._hub
+        with hub.lock:
             if worker.state == "dead":
                 return
-            self.forget(worker)
+            hub.roster.forget(worker)
             owner = worker.owner
             actions = owner.worker_failed_to_start(worker, error) if owner is not None else []
         if worker.kind == "template":
             log.debug("a warm template failed to start: %s", error)
             self.retire(worker)
-            self.starts.template_gone(worker, said_hello=False)
+            hub.launcher.template_gone(worker, said_hello=False)
             return
         log.warning("a worker failed to start: %s", error)
         self.retire(worker)
-        self.run(actions)
+        hub.run(actions)
 
     def retire(self, worker: WorkerHandle) -> None:
         """Release a dead worker's resources: socket, process, guardian entry, capture file."""
+        hub = self._hub
         if worker.conn is not None:
-            self.monitor.close_conn(worker.conn, worker.send_lock)
+            hub.monitor.close_conn(worker.conn, worker.send_lock)
         process = worker.process
         if process is not None:
             process.join(5.0)
@@ -105,55 +99,59 @@ class WorkerEnds:
                 _process.kill_group(worker.pid, grace_s=0)
                 process.join(5.0)
         if worker.pid:
-            self.guardian.forget(worker.pid)
+            hub.guardian.forget(worker.pid)
         with contextlib.suppress(OSError):
             os.unlink(worker.capture_path)
 
-    def _reap(self, worker: WorkerHandle, task: Task | None) -> None:
+    def reap(self, worker: WorkerHandle, task: Task | None) -> None:
         """A worker's socket closed: get its exit code, report its started task (job pool)."""
+        hub = self._hub
         if worker.kind == "fork":
-            code = _reap_child(worker.pid)
+            code = reap_child(worker.pid)
         else:
-            code = self.starts.exit_code_of(worker)
+            code = hub.launcher.exit_code_of(worker)
         output = read_capture_file(worker.capture_path) if task is not None else ""
         self.retire(worker)
         if task is None:
             return
-        doom = task.doom
+        order = task.kill_order
         error: BaseException
-        if doom is not None and doom.reason == "timeout":
-            elapsed = doom.at - (task.started_at or doom.at)
+        if order is not None and order.cause == "timeout":
+            elapsed = order.at - (task.started_at or order.at)
             error = TaskTimeoutError(task.timeout or 0.0, elapsed, worker.pid, output)
-        elif doom is not None and doom.reason == "memory":
+        elif order is not None and order.cause == "memory":
             error = TaskMemoryError(task.memory_limit or 0, task.memory_peak, worker.pid, output)
         else:
-            error = WorkerCrashedError(worker.pid, code, output, detail=doom.detail if doom else "")
-        with self.lock:
+            detail = order.detail if order else ""
+            error = WorkerCrashedError(worker.pid, code, output, detail=detail)
+        with hub.lock:
             actions = task.owner.task_failed(task, error)
-        self.run(actions)
+        hub.run(actions)
 
     def died_starting(self, worker: WorkerHandle) -> None:
-        with self.lock:
+        hub = self._hub
+        with hub.lock:
             if worker.state != "starting":
                 return
-        self.start_failed(worker, died_early(worker, self.starts.exit_code_of(worker)))
+        self.start_failed(worker, died_early(worker, hub.launcher.exit_code_of(worker)))
 
     def eof(self, conn: Connection) -> None:
+        hub = self._hub
         actions: list[Action] = []
-        with self.lock:
-            if conn in self.monitor.unknown:
-                self.monitor.unknown.remove(conn)
+        with hub.lock:
+            if conn in hub.monitor.unknown:
+                hub.monitor.unknown.remove(conn)
                 conn.close()
                 return
-            worker = self.conns.pop(conn, None)
+            worker = hub.roster.conns.pop(conn, None)
             if worker is None:
                 return
             task = worker.task
             was_alive = worker.state != "dead"
-            self.forget(worker)
+            hub.roster.forget(worker)
             started = None
-            if task is not None and task.state is TaskState.SENT and task.doom is not None:
-                actions += task.owner.task_failed(task, CancelledError(task.doom.detail))
+            if task is not None and task.state is TaskState.SENT and task.kill_order is not None:
+                actions += task.owner.task_failed(task, CancelledError(task.kill_order.detail))
             elif task is not None and task.state is TaskState.SENT:
                 actions += task.owner.task_lost(task)  # never started: it runs elsewhere
             elif task is not None and task.state is TaskState.STARTED:
@@ -166,12 +164,12 @@ class WorkerEnds:
             conn.close()  # the monitor's own thread, and no send in progress: safe
             worker.conn = None
         if worker.kind == "template":
-            self.starts.template_gone(worker, said_hello=True)
-        self.submit_job(self._reap, worker, started)
-        self.run(actions)
+            hub.launcher.template_gone(worker, said_hello=True)
+        hub.submit_job(self.reap, worker, started)
+        hub.run(actions)
 
 
-def _reap_child(pid: int) -> int | None:
+def reap_child(pid: int) -> int | None:
     """Wait for our forked child ``pid`` and return its exit code (negative: signal)."""
     deadline = time.monotonic() + 5.0
     while True:

@@ -1,14 +1,14 @@
-"""Process starts: a spawn worker forked from its kind's warm template, or a fresh interpreter
-started by loky; the templates themselves; what their lifecycle decides
-(:mod:`._templates`) carried out; exit codes of dead workers.
+"""The launcher: starts worker processes — a spawn worker forked from its kind's warm template, or
+a fresh interpreter started by loky; the templates themselves — carries out what the templates'
+lifecycle decides (:mod:`._template_lifecycle`), and finds the exit codes of dead workers.
 
 Spawn workers are started by loky's process backend — one loky ``Process`` per worker, a fresh
 interpreter (fork + exec) fed with cloudpickle — not by a loky executor: an executor breaks as a
 whole, and kills its other workers, when any one dies (docs/design.md, "Why one loky Process per
-worker"). Each worker runs :func:`._worker.serve` (a template :func:`._template.serve_template`),
-which connects back to the hub's Unix socket.
+worker"). Each worker runs :func:`._worker.serve` (a template
+:func:`._fork_server.serve_template`), which connects back to the hub's Unix socket.
 
-:class:`Starts` runs on the job pool (``launch``) and on the monitor thread (a template's
+:class:`Launcher` runs on the job pool (``launch``) and on the monitor thread (a template's
 messages, its end); it decides under the hub's lock and starts, sends and logs after releasing
 it.
 """
@@ -26,10 +26,11 @@ from loky.backend import get_context
 
 from . import _process
 from ._errors import WorkerStartError
+from ._fork_server import serve_template
 from ._messages import ForkWorker, encode
+from ._roster import WorkerRoster
 from ._state import WorkerHandle
-from ._template import serve_template
-from ._templates import (
+from ._template_lifecycle import (
     AskFork,
     Decision,
     DiedStarting,
@@ -37,7 +38,6 @@ from ._templates import (
     Refused,
     StartInterpreter,
     StartTemplate,
-    Templates,
     Watch,
 )
 from ._worker import Startup, read_capture_file, serve
@@ -73,8 +73,16 @@ FORK_FRIENDLY_ENV = {
 fewer native threads in a template that must fork (docs/design.md, "Warm templates")."""
 
 
-class HubSide(Protocol):
-    """What the starts need of the hub."""
+class Ends(Protocol):
+    """What the launcher reports a failed start to (:class:`._reaper.Reaper`)."""
+
+    def start_failed(self, worker: WorkerHandle, error: BaseException) -> None: ...
+
+    def retire(self, worker: WorkerHandle) -> None: ...
+
+
+class LaunchSite(Protocol):
+    """What the launcher needs of the hub."""
 
     lock: threading.RLock
     changed: threading.Condition
@@ -82,23 +90,23 @@ class HubSide(Protocol):
     address: str
     guardian: _process.Guardian
 
-    def register_starting(self, worker: WorkerHandle) -> None: ...
+    @property
+    def roster(self) -> WorkerRoster: ...
 
-    def start_failed(self, worker: WorkerHandle, error: BaseException) -> None: ...
-
-    def retire(self, worker: WorkerHandle) -> None: ...
+    @property
+    def reaper(self) -> Ends: ...
 
     def submit_job(self, fn: Callable[..., Any], *args: Any) -> None: ...
 
     def wake(self) -> None: ...
 
 
-class Starts:
-    """Starts spawn workers and templates for the hub; holds the templates' lifecycle."""
+class Launcher:
+    """Starts spawn workers and templates for the hub (see the module doc)."""
 
-    def __init__(self, hub: HubSide, new_capture_path: Callable[[], str]) -> None:
+    def __init__(self, hub: LaunchSite) -> None:
         self._hub = hub
-        self.templates = Templates(new_capture_path)
+        self.templates = hub.roster.templates
 
     def launch(self, worker: WorkerHandle, init_blob: bytes | None) -> None:
         """Start a spawn worker (job pool): forked from its kind's warm template, or as a
@@ -109,17 +117,18 @@ class Starts:
         with self._hub.lock:
             if self._hub.closed:
                 return
-            decisions = self.decided(self.templates.route(worker))
-        self.carry(decisions, inline=True)
+            decisions = self.register_new_templates(self.templates.route(worker))
+        self.carry_out(decisions, inline=True)
 
-    def decided(self, decisions: list[Decision]) -> list[Decision]:
-        """Register the templates ``decisions`` start (lock held), in the same step."""
+    def register_new_templates(self, decisions: list[Decision]) -> list[Decision]:
+        """Register the templates ``decisions`` start (lock held), in the same step that decided
+        them; return ``decisions``."""
         for decision in decisions:
             if isinstance(decision, StartTemplate):
-                self._hub.register_starting(decision.template)
+                self._hub.roster.register_starting(decision.template)
         return decisions
 
-    def carry(self, decisions: list[Decision], *, inline: bool = False) -> None:
+    def carry_out(self, decisions: list[Decision], *, inline: bool = False) -> None:
         """Carry out the templates' decisions (no lock held); process starts run here when
         ``inline`` (a job thread), else on the job pool."""
         hub = self._hub
@@ -134,9 +143,9 @@ class Starts:
             elif isinstance(decision, Watch):
                 hub.guardian.watch(decision.pid)
             elif isinstance(decision, FailStart):
-                hub.start_failed(decision.worker, decision.error)
+                hub.reaper.start_failed(decision.worker, decision.error)
             elif isinstance(decision, DiedStarting):
-                hub.start_failed(decision.worker, died_early(decision.worker, decision.code))
+                hub.reaper.start_failed(decision.worker, died_early(decision.worker, decision.code))
             elif isinstance(decision, Refused):
                 log.warning(
                     "workers of this kind start as fresh interpreters, not from a warm "
@@ -151,8 +160,8 @@ class Starts:
             decisions = self.templates.gone(
                 template, said_hello=said_hello, relaunch=not self._hub.closed
             )
-            self.decided(decisions)
-        self.carry(decisions)
+            self.register_new_templates(decisions)
+        self.carry_out(decisions)
 
     def exit_code_of(self, worker: WorkerHandle, timeout_s: float = 5.0) -> int | None:
         """A dead spawn worker's exit code (negative: the signal), waiting ``timeout_s`` at most:
@@ -228,11 +237,11 @@ class Starts:
                 worker.pid = process.pid
                 gone = hub.closed or worker.is_dead()
         except BaseException as exc:  # noqa: BLE001 - report as a failed start
-            hub.start_failed(worker, exc)
+            hub.reaper.start_failed(worker, exc)
             return
         if gone:  # stopped (or the hub closed) while it was starting
             _process.kill_group(worker.pid, grace_s=0)
-            hub.retire(worker)
+            hub.reaper.retire(worker)
             return
         hub.wake()  # watch its sentinel from now on
 
