@@ -35,10 +35,8 @@ import logging
 import threading
 from typing import Any
 
-from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
-from .._errors import (
-    WorkerStartError,
-)
+from .._cluster_state import ClusterState, ClusterStatistics, ClusterTask
+from .._errors import ClusterNodeLost, WorkerStartError
 from . import _node
 from ._plan import departed
 

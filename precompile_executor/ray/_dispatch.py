@@ -47,10 +47,8 @@ from typing import Any, Literal
 import ray
 
 from .._cluster_plan import departed, has_resources, node_window
-from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
-from .._errors import (
-    WorkerStartError,
-)
+from .._cluster_state import ClusterState, ClusterStatistics, ClusterTask
+from .._errors import ClusterNodeLost, WorkerStartError
 from .._node_pool import TritonCheck
 from . import _placement
 

@@ -33,7 +33,7 @@ from typing import Any
 from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
-from .._cluster_state import ClusterNodeLost
+from .._errors import ClusterNodeLost
 from ._cache import cached_group, expected_hash, install, load_compiled, metadata_filename
 from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
@@ -66,6 +66,8 @@ class CompileJob:
             cluster, the future of the last send (see :data:`NODE_LOST_RESENDS`).
         installed_at: ``time.monotonic()`` when the artifacts were in the caller's cache (the
             clock of the executor's timeline).
+        resends: times the compile was sent again because the cluster node that held it was
+            lost (at most :data:`NODE_LOST_RESENDS`).
     """
 
     request: CompileRequest
@@ -76,6 +78,7 @@ class CompileJob:
     finished_at: float | None = None
     task_future: Future[Any] | None = None
     installed_at: float | None = None
+    resends: int = 0
 
     @property
     def description(self) -> str:
@@ -152,19 +155,18 @@ def submit_compile(
         outer.set_result(load_compiled(src, group, request.expected_hash))
         return job
     job.task_future = executor.submit(compile_request, request)
-    resends = 0
 
     def cancel_inner(done: Future[Any]) -> None:
         if done.cancelled() and job.task_future is not None:
             job.task_future.cancel()
 
     def finish(done: Future[Any]) -> None:
-        nonlocal resends
         if done.cancelled():
             outer.cancel()
             return
         exc = done.exception()
-        if isinstance(exc, ClusterNodeLost) and resends < NODE_LOST_RESENDS and not outer.done():
+        lost = isinstance(exc, ClusterNodeLost)
+        if lost and job.resends < NODE_LOST_RESENDS and not outer.done():
             # A compile is a pure function of its request, so one whose node was lost is sent
             # again and lands on another node (docs/dask.md, "Compile on CPU nodes").
             try:
@@ -172,7 +174,7 @@ def submit_compile(
             except RuntimeError:
                 pass  # the executor was shut down meanwhile: the loss stands
             else:
-                resends += 1
+                job.resends += 1
                 job.task_future = again
                 again.add_done_callback(finish)
                 if outer.cancelled():
