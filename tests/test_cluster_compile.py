@@ -23,7 +23,7 @@ import loopback
 import pytest
 from cluster_helpers import WAIT_S, wait_until
 from conftest import NODE_THREADS, dask_spec_cluster
-from kernel_helpers import ADD_GELU_OPTIONS, add_gelu_signature
+from kernel_helpers import ADD_GELU_OPTIONS, DOUBLE_KERNEL_FILE, add_gelu_signature
 
 pytest.importorskip("distributed")
 pytest.importorskip("triton")
@@ -37,27 +37,6 @@ from precompile_executor.dask import (  # noqa: E402
 
 OTHER_TRITON = "0.0.0"
 """The Triton version ``node-2`` of the test cluster reports."""
-
-_KERNELS_FILE = """
-import triton
-import triton.language as tl
-from precompile_executor.triton import TensorSpec, launch
-
-
-@triton.autotune(
-    configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((128, 4), (256, 4), (512, 8))],
-    key=["n"],
-)
-@triton.jit
-def double_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
-
-
-x = TensorSpec("fp32", (4096,))
-PRECOMPILE_SPECS = {"double_kernel": [launch(x, x, 4096)]}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +115,7 @@ def test_warm_with_scheduler_fills_this_machines_cache_for_the_given_target(
     files land in ``--cache-dir`` on this machine, not in the nodes' caches."""
     cluster, _, node_caches, other = cpu_nodes
     module = tmp_path / "cluster_kernels.py"
-    module.write_text(textwrap.dedent(_KERNELS_FILE))
+    module.write_text(textwrap.dedent(DOUBLE_KERNEL_FILE))
     cache = tmp_path / "cache"
     argv = ["warm", str(module), "--target", "cuda:80", "--cache-dir", str(cache)]
     with caplog.at_level(logging.WARNING, logger="precompile_executor"):

@@ -394,6 +394,30 @@ def test_a_node_with_another_triton_is_refused_and_told_why(
     assert_on_loopback_only()
 
 
+@pytest.mark.timeout(240)
+def test_warm_with_ray_address_fills_this_machines_cache_for_the_given_target(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """``precompile-executor warm --ray-address`` compiles on the nodes for the caller's
+    ``--target`` and the files land in ``--cache-dir`` here. (This process's Ray is already
+    connected to the test cluster, so the address is the one it uses.)"""
+    import json
+
+    from kernel_helpers import DOUBLE_KERNEL_FILE
+
+    from precompile_executor.cli import EXIT_OK, main
+
+    cluster, _, _ = ray_cluster
+    module = tmp_path / "ray_kernels.py"
+    module.write_text(DOUBLE_KERNEL_FILE)
+    cache = tmp_path / "cache"
+    argv = ["warm", str(module), "--target", "cuda:80", "--cache-dir", str(cache)]
+    assert main([*argv, "--ray-address", cluster.address, "--jobs", "1"]) == EXIT_OK
+    metadata = [json.loads(p.read_text()) for p in cache.rglob("double_kernel.json")]
+    assert {(m["target"]["backend"], m["target"]["arch"]) for m in metadata} == {("cuda", 80)}
+    assert len(metadata) == 3
+
+
 # -- a lost node (last: the cluster gets a new node afterwards) --------------------------------------
 
 
