@@ -28,8 +28,9 @@ from kernel_helpers import ADD_GELU_OPTIONS, DOUBLE_KERNEL_FILE, add_gelu_signat
 pytest.importorskip("distributed")
 pytest.importorskip("triton")
 
+from precompile_executor import cli  # noqa: E402
 from precompile_executor._node_pool import triton_version  # noqa: E402
-from precompile_executor.cli import EXIT_OK, main  # noqa: E402
+from precompile_executor.cli import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
 from precompile_executor.dask import (  # noqa: E402
     DaskPrecompileExecutor,
     NodesRefusedError,
@@ -131,6 +132,17 @@ def test_warm_with_scheduler_fills_this_machines_cache_for_the_given_target(
     # the same command again: everything is in this machine's cache now
     assert main([*argv, "--scheduler", cluster.scheduler_address]) == EXIT_OK
     assert len(list(cache.rglob("__grp__double_kernel.json"))) == 3
+
+
+@pytest.mark.timeout(60)
+def test_warm_with_an_unreachable_scheduler_is_bad_input_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "SCHEDULER_CONNECT_TIMEOUT_S", 2.0)  # nothing listens: no wait
+    argv = ["warm", "precompile_executor.examples.kernels", "--target", "cuda:90"]
+    assert main([*argv, "--scheduler", "tcp://127.0.0.1:9"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "could not reach the dask scheduler tcp://127.0.0.1:9" in err[0]
 
 
 # -- a node lost mid-batch (last: the nanny replaces the killed worker) ---------------------------
