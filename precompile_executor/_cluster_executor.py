@@ -20,7 +20,14 @@ import cloudpickle
 from ._base import BaseExecutor, Call, Path, TaskOptions
 from ._cluster_state import ClusterState, S
 from ._errors import Classification
-from ._validate import check_count, check_initializer, check_memory_limit, check_timeout
+from ._node_pool import TritonCheck, triton_version
+from ._validate import (
+    check_count,
+    check_flag,
+    check_initializer,
+    check_memory_limit,
+    check_timeout,
+)
 
 
 class ClusterExecutor(BaseExecutor[ClusterState[Any, Any, S]]):
@@ -54,6 +61,14 @@ class ClusterExecutor(BaseExecutor[ClusterState[Any, Any, S]]):
             ) from exc
         return options, settings
 
+    @staticmethod
+    def triton_check(require_same_triton: object) -> TritonCheck | None:
+        """What a node must have to join: this process's Triton version (``None``: any node
+        joins, ``require_same_triton=False``)."""
+        if not check_flag(require_same_triton, "require_same_triton"):
+            return None
+        return TritonCheck(triton_version())
+
     def _check_path(self, value: object) -> Path:
         if value != "spawn":
             raise ValueError(
@@ -77,8 +92,13 @@ class ClusterExecutor(BaseExecutor[ClusterState[Any, Any, S]]):
 
     def nodes(self) -> dict[str, int]:
         """The nodes taking tasks now: node (a dask worker's address, a Ray node id in hex) →
-        window (tasks it may hold)."""
+        window (tasks it may hold). A refused node is not among them (``refused_nodes()``)."""
         return self._backend.windows()
+
+    def refused_nodes(self) -> dict[str, str]:
+        """The nodes present now that get no tasks, node → why: each has another Triton than
+        this process (``require_same_triton``; the message names both versions)."""
+        return self._backend.refused_nodes()
 
     def warm_up(self, timeout: float | None = None) -> dict[str, list[int]]:
         """Start every node's pool workers now; return their pids per node.

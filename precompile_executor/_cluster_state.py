@@ -6,10 +6,10 @@ and the executor's requests (the public layer's ``Backend``, see :mod:`._base`).
 sending calls, reading answers) and ``kill_on_node``; ``dask/_dispatch.py`` and
 ``ray/_dispatch.py`` describe their data flow.
 
-Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes, the kills, the
-dispatcher's inbox and the counters. A task in flight is resolved by whoever pops it from
-``in_flight`` (:meth:`take`); a cancelled future's task is popped by :meth:`on_future_done` and
-stopped by the dispatcher (:meth:`withdraw`).
+Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes (and the refused
+ones), the kills, the dispatcher's inbox and the counters. A task in flight is resolved by whoever
+pops it from ``in_flight`` (:meth:`take`); a cancelled future's task is popped by
+:meth:`on_future_done` and stopped by the dispatcher (:meth:`withdraw`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import logging
 import pickle
 import threading
 import time
@@ -33,7 +34,6 @@ from ._cluster_plan import free_slots, pick_node
 from ._errors import (
     AFTER_SHUTDOWN,
     RemoteError,
-    WorkerCrashedError,
     WorkerStartError,
     unpickle_error,
 )
@@ -42,31 +42,30 @@ from ._records import TaskCounts, TaskResult, count_outcome
 from ._validate import describe_unpicklable
 
 
-class ClusterNodeLost(WorkerCrashedError):
-    """The base of each cluster backend's ``NodeLostError``: the node that held the task was
-    lost; only the tasks it held fail (docs/design.md, "Errors"). A subclass says how the node
-    was lost (:attr:`LOST`) and where to look (:attr:`LOG`).
+class NodesRefusedError(RuntimeError):
+    """Every node of the cluster was refused when it joined (another Triton than the caller's:
+    ``require_same_triton``), so no node can run the task; the message names each node and why.
+    Raised for the tasks queued while no node is usable: they would otherwise wait for a node
+    that may never join. The executor is not broken: a node that joins later takes new tasks.
 
     Attributes:
-        node: the node's name in its backend (a dask worker's address, a Ray node id).
+        refusals: node → why it was refused.
     """
 
-    LOST: ClassVar[str]
-    """What happened to the node, ``{node}`` its name: ``"dask worker {node} left the cluster"``."""
-    LOG: ClassVar[str]
-    """The node's log that tells why, and the usual causes: ``"log (an OOM kill, …)"``."""
+    def __init__(self, where: str, refusals: dict[str, str]) -> None:
+        reasons = "; ".join(refusals[node] for node in sorted(refusals))
+        super().__init__(f"no node of {where} can run the task: every node was refused. {reasons}")
+        self.refusals = dict(refusals)
 
-    def __init__(self, node: str, detail: str = "") -> None:
-        msg = (
-            f"{self.LOST.format(node=node)} while it held the task; the task is not re-run (it "
-            "may be the cause). The other tasks go on on the remaining nodes; check that node's "
-            f"{self.LOG}"
-        )
-        super().__init__(0, None, detail=detail)
-        self._message = f"{msg}; {detail}" if detail else msg
-        self.args = (self._message,)
-        self.node = node
-        self._init_args = (node, detail)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_refused, (self.args[0], self.refusals))
+
+
+def _rebuild_refused(message: str, refusals: dict[str, str]) -> NodesRefusedError:
+    error = NodesRefusedError.__new__(NodesRefusedError)
+    RuntimeError.__init__(error, message)
+    error.refusals = refusals
+    return error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +78,15 @@ class ClusterStatistics(TaskCounts):
         nodes: nodes taking tasks now.
         slots: tasks all nodes may hold at once (the sum of their windows).
         nodes_lost: nodes lost while this executor ran.
+        nodes_refused: nodes present now that get no tasks (another Triton than the caller's;
+            ``refused_nodes()`` says why).
     """
 
     dispatched: int
     nodes: int
     slots: int
     nodes_lost: int
+    nodes_refused: int
 
 
 @dataclasses.dataclass(eq=False)
@@ -120,11 +122,14 @@ S = TypeVar("S", bound=ClusterStatistics)
 
 _ids = itertools.count(1)
 
+log = logging.getLogger("precompile_executor")
+
 
 class ClusterState(Generic[T, N, S]):
     """Everything a cluster executor and its ``options()`` views share (see the module doc)."""
 
     # The backend's own, set on its subclass.
+    where: ClassVar[str]  # the cluster, in messages: "a dask cluster"
     task_type: type[T]
     statistics_type: type[S]
     thread: threading.Thread  # the backend's dispatcher
@@ -138,6 +143,8 @@ class ClusterState(Generic[T, N, S]):
         self.nodes: dict[str, N] = {}
         self.kills: list[T] = []
         self.inbox: list[Callable[[], None]] = []  # posted for the dispatcher thread
+        self.refused: dict[str, str] = {}  # node present now -> why it gets no tasks
+        self.stranded = False  # every node present is refused: queued tasks fail, not wait
         self.held = 0
         self.closing = False
         self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
@@ -187,8 +194,12 @@ class ClusterState(Generic[T, N, S]):
                 next_refresh = time.monotonic() + self.node_poll_s
             with self.lock:
                 sends = self.plan()
+                stranded = self.strand()
+                refusals = dict(self.refused)
                 later = self.after_plan()
                 done = self.drained()
+            for task in stranded:
+                self.finish(task, exc=NodesRefusedError(self.where, refusals))
             for task in sends:
                 self.send(task)
             for call in later:
@@ -230,6 +241,22 @@ class ClusterState(Generic[T, N, S]):
         for entry in kept:
             heapq.heappush(self.queue, entry)
         return sends
+
+    def strand(self) -> list[T]:
+        """Take every queued task out of the queue while no node can ever run it: every node
+        present was refused (lock held). A task waits while any node may still join."""
+        if not self.stranded:
+            return []
+        taken = [t for _, t in self.queue if not t.future.cancelled()]
+        self.queue.clear()
+        return taken
+
+    def refuse(self, node: str, why: str) -> None:
+        """``node`` gets no tasks (another Triton than the caller's): remember and say why
+        (lock held; a warning in the caller's log, ``refused_nodes()``, ``statistics()``)."""
+        if node not in self.refused:
+            log.warning("%s", why)
+        self.refused[node] = why
 
     # -- the backend's part of the dispatcher ----------------------------------------------------
 
@@ -440,6 +467,11 @@ class ClusterState(Generic[T, N, S]):
             self.poke()
         return future
 
+    def refused_nodes(self) -> dict[str, str]:
+        """The nodes present now that get no tasks: node → why."""
+        with self.lock:
+            return dict(self.refused)
+
     def windows(self) -> dict[str, int]:
         """The nodes taking tasks now: node → window."""
         with self.lock:
@@ -461,4 +493,5 @@ class ClusterState(Generic[T, N, S]):
                 nodes=len(self.nodes),
                 slots=sum(n.window for n in self.nodes.values()),
                 nodes_lost=self.nodes_lost,
+                nodes_refused=len(self.refused),
             )

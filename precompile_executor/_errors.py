@@ -21,7 +21,7 @@ import importlib
 import sys
 import threading
 from concurrent.futures import BrokenExecutor
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Classification = Literal["raise", "warn", "debug"]
 """What a batch does with a failure: raise it, log a warning, or log at debug level."""
@@ -229,6 +229,33 @@ class WorkerCrashedError(RemoteError):
             (worker_pid, exitcode, captured_output, detail), worker_pid, captured_output
         )
         self._detail = detail
+
+
+class ClusterNodeLost(WorkerCrashedError):
+    """The base of each cluster backend's ``NodeLostError``: the node that held the task was
+    lost; only the tasks it held fail (docs/design.md, "Errors"). A subclass says how the node
+    was lost (:attr:`LOST`) and where to look (:attr:`LOG`).
+
+    Attributes:
+        node: the node's name in its backend (a dask worker's address, a Ray node id).
+    """
+
+    LOST: ClassVar[str]
+    """What happened to the node, ``{node}`` its name: ``"dask worker {node} left the cluster"``."""
+    LOG: ClassVar[str]
+    """The node's log that tells why, and the usual causes: ``"log (an OOM kill, …)"``."""
+
+    def __init__(self, node: str, detail: str = "") -> None:
+        msg = (
+            f"{self.LOST.format(node=node)} while it held the task; the task is not re-run (it "
+            "may be the cause). The other tasks go on on the remaining nodes; check that node's "
+            f"{self.LOG}"
+        )
+        super().__init__(0, None, detail=detail)
+        self._message = f"{msg}; {detail}" if detail else msg
+        self.args = (self._message,)
+        self.node = node
+        self._init_args = (node, detail)
 
 
 class SerializationError(TypeError):

@@ -19,6 +19,7 @@ names :func:`call_blob` without Triton or the user's modules.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import logging
 import pickle
 import threading
@@ -61,6 +62,56 @@ class NodeCall:
     timeout: float | None
     with_output: bool
     memory_limit: int | None = None
+
+
+def triton_version() -> str | None:
+    """This process's Triton version, from its distribution's metadata (``None``: no Triton).
+
+    Read from the metadata rather than ``triton.__version__`` so that neither side imports
+    Triton to compare (a dask scheduler or a node used for other work may not have it).
+    """
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonCheck:
+    """The caller's Triton version, which a node must have to join (``require_same_triton``).
+
+    A node with another Triton would compile binaries under cache keys the caller never looks
+    up (Triton's version is part of every key), so it gets no tasks. Triton missing on both
+    sides counts as the same.
+
+    Attributes:
+        caller: the caller's Triton version, or ``None`` where it has no Triton.
+    """
+
+    caller: str | None
+
+    def refusal(self, node: str) -> str | None:
+        """Why ``node`` (named in the message) may not join, or ``None`` where it may."""
+        here = triton_version()
+        if here == self.caller:
+            return None
+        return (
+            f"node {node} has {_triton_name(here)} but the caller has "
+            f"{_triton_name(self.caller)}: kernels compiled there would be cached under keys the "
+            "caller never looks up (Triton's version is part of the key), so it gets no tasks. "
+            f"{_triton_fix(self.caller)}, or pass require_same_triton=False if this executor "
+            "runs no Triton compiles."
+        )
+
+
+def _triton_name(version: str | None) -> str:
+    return f"Triton {version}" if version is not None else "no Triton"
+
+
+def _triton_fix(caller: str | None) -> str:
+    if caller is None:
+        return "Uninstall Triton on the node (or install it here)"
+    return f"Install triton=={caller} on the node"
 
 
 def refused(reason: str, message: str) -> Outcome:

@@ -4,6 +4,9 @@
     Compile every config of the kernels that the module's ``PRECOMPILE_SPECS`` lists, in
     parallel worker processes, into this machine's Triton cache; show a progress bar and a
     summary table.
+    With ``--scheduler ADDRESS`` (dask) or ``--ray-address ADDRESS`` (Ray) the compiles run on
+    the cluster's nodes (CPU machines do: no GPU is needed for an explicit target) and the files
+    come back into this machine's cache.
 ``demo``
     ``warm`` the example kernels shipped in :mod:`precompile_executor.examples.kernels` for
     ``cuda:90``, into a temporary cache (no GPU needed).
@@ -17,10 +20,11 @@ command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -89,7 +93,26 @@ def _parser() -> argparse.ArgumentParser:
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--jobs", "-j", type=int, default=None, help="worker processes (default: one per CPU)"
+        "--jobs",
+        "-j",
+        type=int,
+        default=None,
+        help="worker processes (default: one per CPU); on a cluster: compiles at once per node "
+        "(default: its dask threads or Ray CPUs)",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="compile on the nodes of this dask cluster (tcp://host:8786) instead of here; the "
+        "files come back into this machine's cache",
+    )
+    where.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        default=None,
+        help="compile on the nodes of this Ray cluster (host:6379) instead of here",
     )
     parser.add_argument(
         "--timeout",
@@ -127,7 +150,7 @@ def _warm_module(
         raise _BadInput(f"--timeout must be positive, got {args.timeout:g}")
     # Triton warns about its own defaults on first use; that is not this command's news.
     warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
-    from precompile_executor import PrecompileExecutor, stop_idle_workers
+    from precompile_executor import stop_idle_workers
     from precompile_executor.triton import classify, count_configs, parse_target, warm
     from precompile_executor.triton._discover import SpecsError, find_specs, load_module
 
@@ -146,7 +169,7 @@ def _warm_module(
             knobs.cache.dir = args.cache_dir
         try:
             with (
-                PrecompileExecutor(args.jobs, timeout=args.timeout, classify=classify) as executor,
+                _executor(args, classify) as executor,
                 _progress(err, total, f"compiling for {args.target}") as advance,
             ):
                 report = warm(
@@ -156,6 +179,53 @@ def _warm_module(
             stop_idle_workers()  # a one-shot command keeps no warm workers: exit now
     _print_report(out, report, args, cache_note)
     return EXIT_COMPILE_FAILED if report.unexpected_failures else EXIT_OK
+
+
+SCHEDULER_CONNECT_TIMEOUT_S = 30.0
+"""Longest ``--scheduler`` waits to reach the dask scheduler before it reports bad input."""
+
+
+@contextlib.contextmanager
+def _executor(args: argparse.Namespace, classify: Any) -> Iterator[Any]:
+    """The executor the compiles run in: this machine's pool, or a dask or Ray cluster's nodes
+    (each node compiles for the caller's ``--target``; the files come back here)."""
+    if args.scheduler is None and args.ray_address is None:
+        from precompile_executor import PrecompileExecutor
+
+        with PrecompileExecutor(args.jobs, timeout=args.timeout, classify=classify) as executor:
+            yield executor
+        return
+    settings = {"timeout": args.timeout, "classify": classify, "max_workers_per_node": args.jobs}
+    if args.ray_address is not None:
+        try:
+            from precompile_executor.ray import RayPrecompileExecutor
+        except ImportError as exc:
+            raise _BadInput(
+                f"--ray-address needs Ray: pip install 'precompile-executor[ray]' ({exc})"
+            ) from None
+        try:
+            cluster = RayPrecompileExecutor(address=args.ray_address, **settings)
+        except ConnectionError as exc:
+            raise _BadInput(
+                f"could not join the Ray cluster at {args.ray_address}: {exc}"
+            ) from None
+        with cluster:
+            yield cluster
+        return
+    try:
+        from distributed import Client
+
+        from precompile_executor.dask import DaskPrecompileExecutor
+    except ImportError as exc:
+        raise _BadInput(
+            f"--scheduler needs dask: pip install 'precompile-executor[dask]' ({exc})"
+        ) from None
+    try:
+        client = Client(args.scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
+    except (OSError, ValueError) as exc:
+        raise _BadInput(f"could not reach the dask scheduler {args.scheduler}: {exc}") from None
+    with client, DaskPrecompileExecutor(client, **settings) as on_dask:
+        yield on_dask
 
 
 class _progress:

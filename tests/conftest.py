@@ -141,11 +141,23 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Yields ``(cluster, client, cache_dirs)``.
     """
     pytest.importorskip("distributed")
+    with dask_spec_cluster(tmp_path_factory.mktemp("nodes"), 2) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def dask_spec_cluster(
+    base: Any, n_nodes: int, node_options: Callable[[int], dict[str, Any]] | None = None
+) -> Iterator[Any]:
+    """A ``SpecCluster`` of ``n_nodes`` dask workers (``node-0``…) and its scheduler, all on
+    127.0.0.1, each worker with its own ``TRITON_CACHE_DIR`` under ``base`` and
+    ``NODE_THREADS`` threads; ``node_options(i)`` adds to node ``i``'s ``Nanny`` options.
+    Yields ``(cluster, client, cache_dirs)``; on exit every process it started is gone.
+    """
     import dask
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    base = tmp_path_factory.mktemp("nodes")
-    cache_dirs = [base / f"node-{i}-triton-cache" for i in range(2)]
+    cache_dirs = [base / f"node-{i}-triton-cache" for i in range(n_nodes)]
     workers = {
         f"node-{i}": {
             "cls": Nanny,
@@ -154,9 +166,10 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 "host": "127.0.0.1",
                 "env": {"TRITON_CACHE_DIR": str(cache_dirs[i])},
                 "local_directory": str(base / f"node-{i}"),
+                **(node_options(i) if node_options is not None else {}),
             },
         }
-        for i in range(2)
+        for i in range(n_nodes)
     }
     scheduler = {
         "cls": Scheduler,
@@ -172,7 +185,7 @@ def dask_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
         _process_roots.append(roots)
         try:
-            client.wait_for_workers(2, timeout=60)
+            client.wait_for_workers(n_nodes, timeout=60)
             yield cluster, client, cache_dirs
         finally:
             pids = roots()

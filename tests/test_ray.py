@@ -346,6 +346,78 @@ def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_
             assert gpu.launches[-1]["BLOCK"] == 256
 
 
+# -- a node with another Triton ------------------------------------------------------------------------
+
+OTHER_TRITON = "0.0.0"
+"""The Triton version of the extra node in the refusal test."""
+
+
+@pytest.mark.timeout(180)
+def test_a_node_with_another_triton_is_refused_and_told_why(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """A node whose ``importlib.metadata`` finds another Triton (a ``triton-0.0.0.dist-info``
+    first on its ``PYTHONPATH``; ``import triton`` still finds the real one) is refused when its
+    actor opens the executor's pool; with only that node, tasks fail with the reason."""
+    from precompile_executor._node_pool import triton_version
+    from precompile_executor.ray import NodesRefusedError
+
+    cluster, _, node_args = ray_cluster
+    info = tmp_path / "other-triton" / f"triton-{OTHER_TRITON}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: triton\nVersion: {OTHER_TRITON}\n"
+    )
+    args = node_args(1)
+    env = dict(args["env_vars"])
+    env["PYTHONPATH"] = os.pathsep.join([str(info.parent), env["PYTHONPATH"]])
+    only_there = {"precompile-test-other-triton": 1}
+    node = cluster.add_node(**{**args, "resources": only_there, "env_vars": env})
+    here = triton_version()
+    try:
+        cluster.wait_for_nodes()
+        with RayPrecompileExecutor() as executor:
+            assert node.node_id not in executor.nodes() and len(executor.nodes()) == 2
+            why = executor.refused_nodes()[node.node_id]
+            assert f"Triton {OTHER_TRITON}" in why and f"Triton {here}" in why
+            assert executor.statistics().nodes_refused == 1
+            assert executor.submit(crashers.square, 3).result(timeout=WAIT_S) == 9
+        with RayPrecompileExecutor(resources=only_there) as stranded:
+            error = stranded.submit(abs, -1).exception(timeout=WAIT_S)
+            assert isinstance(error, NodesRefusedError)
+            assert f"Triton {OTHER_TRITON}" in str(error) and f"Triton {here}" in str(error)
+        with RayPrecompileExecutor(resources=only_there, require_same_triton=False) as anyway:
+            assert list(anyway.nodes()) == [node.node_id]
+            assert anyway.submit(abs, -1).result(timeout=WAIT_S) == 1
+    finally:
+        cluster.remove_node(node)
+    assert_on_loopback_only()
+
+
+@pytest.mark.timeout(240)
+def test_warm_with_ray_address_fills_this_machines_cache_for_the_given_target(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """``precompile-executor warm --ray-address`` compiles on the nodes for the caller's
+    ``--target`` and the files land in ``--cache-dir`` here. (This process's Ray is already
+    connected to the test cluster, so the address is the one it uses.)"""
+    import json
+
+    from kernel_helpers import DOUBLE_KERNEL_FILE
+
+    from precompile_executor.cli import EXIT_OK, main
+
+    cluster, _, _ = ray_cluster
+    module = tmp_path / "ray_kernels.py"
+    module.write_text(DOUBLE_KERNEL_FILE)
+    cache = tmp_path / "cache"
+    argv = ["warm", str(module), "--target", "cuda:80", "--cache-dir", str(cache)]
+    assert main([*argv, "--ray-address", cluster.address, "--jobs", "1"]) == EXIT_OK
+    metadata = [json.loads(p.read_text()) for p in cache.rglob("double_kernel.json")]
+    assert {(m["target"]["backend"], m["target"]["arch"]) for m in metadata} == {("cuda", 80)}
+    assert len(metadata) == 3
+
+
 # -- a lost node (last: the cluster gets a new node afterwards) --------------------------------------
 
 

@@ -4,8 +4,15 @@
 ``distributed`` but neither torch nor triton.
 """
 
+from .._cluster_state import NodesRefusedError
 from ._dispatch import DaskExecutorStatistics, NodeLostError
 from ._executor import DaskPrecompileExecutor
 from ._plugin import NodePlugin
 
-__all__ = ["DaskExecutorStatistics", "DaskPrecompileExecutor", "NodeLostError", "NodePlugin"]
+__all__ = [
+    "DaskExecutorStatistics",
+    "DaskPrecompileExecutor",
+    "NodeLostError",
+    "NodePlugin",
+    "NodesRefusedError",
+]

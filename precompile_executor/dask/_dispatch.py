@@ -35,10 +35,8 @@ import logging
 import threading
 from typing import Any
 
-from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
-from .._errors import (
-    WorkerStartError,
-)
+from .._cluster_state import ClusterState, ClusterStatistics, ClusterTask
+from .._errors import ClusterNodeLost, WorkerStartError
 from . import _node
 from ._plan import departed
 
@@ -76,6 +74,8 @@ class DaskExecutorStatistics(ClusterStatistics):
         nodes: dask workers taking tasks now.
         slots: tasks all nodes may hold at once (the sum of their windows).
         nodes_lost: nodes that left while this executor ran.
+        nodes_refused: dask workers present now that get no tasks (another Triton than the
+            caller's; ``refused_nodes()`` says why).
     """
 
 
@@ -96,6 +96,7 @@ class Node:
 class State(ClusterState[Task, Node, DaskExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
 
+    where = "a dask cluster"
     task_type = Task
     statistics_type = DaskExecutorStatistics
 
@@ -166,7 +167,10 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
             return
         if self.only is not None:
             present = {a: n for a, n in present.items() if a in self.only}
-        new = [a for a in present if a not in self.nodes]
+        with self.lock:
+            for address in departed(self.refused, present):
+                del self.refused[address]  # a node joining at that address is asked again
+            new = [a for a in present if a not in self.nodes and a not in self.refused]
         found: dict[str, Any] = {}
         if new:
             try:
@@ -179,7 +183,10 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
         with self.lock:
             for address, info in found.items():
                 if isinstance(info, dict) and address in present:
-                    self.nodes[address] = Node(address, info["token"], int(info["window"]))
+                    if info.get("refused"):
+                        self.refuse(address, str(info["refused"]))
+                    else:
+                        self.nodes[address] = Node(address, info["token"], int(info["window"]))
             for address in departed(self.nodes, present):
                 node = self.nodes.pop(address)
                 self.nodes_lost += 1
@@ -187,7 +194,9 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
                     task = self.in_flight.pop(key, None)
                     if task is not None:
                         lost.append((address, task))
-            if found or lost:
+            # Every node present refused (none still unanswered): queued tasks fail, not wait.
+            self.stranded = bool(present) and set(present) <= set(self.refused)
+            if found or lost or self.stranded:
                 self.poked = True
         for address, task in lost:
             log.warning("dask worker %s left; its task %s fails", address, task.key)

@@ -39,6 +39,12 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         client: a connected synchronous ``distributed.Client``. Its workers must run with
             ``distributed.worker.daemon: False``.
         workers: use only these dask worker addresses (default: every worker, joiners included).
+        require_same_triton: a node whose Triton version differs from this process's (or that
+            has Triton where this process has none, or the reverse) is refused when it joins: it
+            gets no tasks, a warning is logged, ``refused_nodes()`` says why and
+            ``statistics().nodes_refused`` counts it; while every node is refused, tasks fail
+            with :class:`~precompile_executor.dask.NodesRefusedError`. ``False`` for work that
+            does not compile Triton kernels.
         max_workers_per_node: most tasks one node runs at once; default its dask thread count.
         timeout, initializer, initargs, classify, memory_limit: as for
             :class:`~precompile_executor.PrecompileExecutor`, applied by each node's pool: the
@@ -63,10 +69,12 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         max_workers_per_node: int | None = None,
         workers: Sequence[str] | None = None,
         memory_limit: int | None = None,
+        require_same_triton: bool = True,
     ) -> None:
         options, settings = self.node_settings(
             timeout, initializer, initargs, classify, max_workers_per_node, memory_limit
         )
+        triton = self.triton_check(require_same_triton)
         if isinstance(workers, str):
             raise TypeError("workers must be a list of dask worker addresses, not one string")
         daemonic = sorted(a for a, d in client.run(_node.is_daemon).items() if d)
@@ -76,7 +84,7 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         state = State(client, name, frozenset(workers) if workers is not None else None)
         client.subscribe_topic(state.topic, state.on_started)
         client.register_plugin(NodeCleanupPlugin(), name=NodeCleanupPlugin.name)
-        client.register_plugin(NodePlugin(name, settings, max_workers_per_node), name=name)
+        client.register_plugin(NodePlugin(name, settings, max_workers_per_node, triton), name=name)
         state.refresh()
         state.thread.start()
         super().__init__(state, options)

@@ -69,7 +69,12 @@ def describe(plugin_name: str, dask_worker: Any = None) -> dict[str, Any] | None
     plugin = _plugin(plugin_name, dask_worker)
     if plugin is None or not hasattr(plugin, "token"):
         return None  # registration still under way: the caller asks again at its next refresh
-    return {"token": plugin.token, "window": plugin.window, "error": plugin.error}
+    return {
+        "token": plugin.token,
+        "window": plugin.window,
+        "error": plugin.error,
+        "refused": plugin.refusal,
+    }
 
 
 def kill(plugin_name: str, key: str, dask_worker: Any = None) -> bool:

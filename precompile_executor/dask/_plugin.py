@@ -3,9 +3,11 @@
 Registered by the caller's :class:`~._executor.DaskPrecompileExecutor` (dask sends it to every
 worker, and to workers that join later). On each node:
 
-* ``setup`` (the worker's event loop) builds the node's :class:`~.._node_pool.NodePool` (a
-  node-local ``PrecompileExecutor`` with ``max_workers`` = the node's window, warming itself in
-  a background thread);
+* ``setup`` (the worker's event loop) checks that the node has the caller's Triton (with
+  ``require_same_triton``: a node with another one is *refused*, builds no pool and tells the
+  caller why through :func:`._node.describe`), then builds the node's
+  :class:`~.._node_pool.NodePool` (a node-local ``PrecompileExecutor`` with ``max_workers`` =
+  the node's window, warming itself in a background thread);
 * ``run`` (a dask executor thread, from :func:`._node.run_task`) submits one pre-pickled call,
   tells the caller when it really starts, waits for it and turns the result into an outcome;
 * ``kill`` (the event loop, from ``Client.run``) cancels a task not yet started on the node, or
@@ -31,7 +33,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._node_pool import NodeCall, NodePool, Outcome, outcome_of, refused
+from .._node_pool import NodeCall, NodePool, Outcome, TritonCheck, outcome_of, refused
 from ._node import DAEMON_MESSAGE, is_daemon
 from ._plan import node_window
 
@@ -45,10 +47,17 @@ caller at most this late, and a task that ends first needs no start report at al
 class NodePlugin(WorkerPlugin):
     """Hosts one node-local ``PrecompileExecutor`` in a dask worker (see the module docstring)."""
 
-    def __init__(self, name: str, settings: bytes, max_workers_per_node: int | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: bytes,
+        max_workers_per_node: int | None,
+        triton: TritonCheck | None = None,
+    ) -> None:
         self.name = name
         self._settings = settings  # cloudpickled (initializer, initargs, classify)
         self._max_workers_per_node = max_workers_per_node
+        self._triton = triton  # None: any Triton may join (require_same_triton=False)
 
     # -- lifecycle (the worker's event loop) -----------------------------------------------------
 
@@ -58,6 +67,11 @@ class NodePlugin(WorkerPlugin):
         self.window = node_window(worker.state.nthreads, self._max_workers_per_node)
         self.pool: NodePool | None = None
         self.error: str | None = None
+        self.refusal = None if self._triton is None else self._triton.refusal(worker.address)
+        if self.refusal is not None:
+            self.error = self.refusal
+            log.warning("%s", self.refusal)
+            return
         if is_daemon():
             self.error = DAEMON_MESSAGE
             log.error("%s", DAEMON_MESSAGE)

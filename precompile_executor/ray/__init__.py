@@ -4,6 +4,7 @@
 ``ray`` but neither torch nor triton.
 """
 
+from .._cluster_state import NodesRefusedError
 from ._actor import NodeActor
 from ._dispatch import NodeLostError, RayExecutorStatistics
 from ._executor import RayPrecompileExecutor
@@ -12,6 +13,7 @@ from ._placement import node_actors
 __all__ = [
     "NodeActor",
     "NodeLostError",
+    "NodesRefusedError",
     "RayExecutorStatistics",
     "RayPrecompileExecutor",
     "node_actors",

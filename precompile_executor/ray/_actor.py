@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._node_pool import NodeCall, NodePool, Outcome, outcome_of, refused
+from .._node_pool import NodeCall, NodePool, Outcome, TritonCheck, outcome_of, refused
 
 START_POLL_MAX_S = 0.02
 """Longest pause between checks for "the node-local task has started": the start reaches the
@@ -55,9 +55,24 @@ class NodeActor:
         return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
     async def open(
-        self, session: str, settings: bytes, window: int, devices: Sequence[int | str] | None
+        self,
+        session: str,
+        settings: bytes,
+        window: int,
+        devices: Sequence[int | str] | None,
+        triton: TritonCheck | None = None,
     ) -> dict[str, Any]:
-        """Create the session's node pool (it warms itself in the background); idempotent."""
+        """Create the session's node pool (it warms itself in the background); idempotent.
+
+        With ``triton`` (the caller's ``require_same_triton``), a node whose Triton differs from
+        the caller's is refused: no pool, and ``{"refused": why}`` tells the caller.
+        """
+        if triton is not None:
+            import ray
+
+            why = triton.refusal(ray.get_runtime_context().get_node_id())
+            if why is not None:
+                return {"pid": os.getpid(), "window": window, "error": why, "refused": why}
         existing = self.sessions.get(session)
         if existing is None:
             existing = self.sessions[session] = _Session(NodePool(settings, window, devices))

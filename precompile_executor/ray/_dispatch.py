@@ -47,10 +47,9 @@ from typing import Any, Literal
 import ray
 
 from .._cluster_plan import departed, has_resources, node_window
-from .._cluster_state import ClusterNodeLost, ClusterState, ClusterStatistics, ClusterTask
-from .._errors import (
-    WorkerStartError,
-)
+from .._cluster_state import ClusterState, ClusterStatistics, ClusterTask
+from .._errors import ClusterNodeLost, WorkerStartError
+from .._node_pool import TritonCheck
 from . import _placement
 
 log = logging.getLogger("precompile_executor.ray")
@@ -97,6 +96,8 @@ class RayExecutorStatistics(ClusterStatistics):
         nodes: nodes taking tasks now.
         slots: tasks all nodes may hold at once (the sum of their windows).
         nodes_lost: nodes (or node actors) lost while this executor ran.
+        nodes_refused: nodes present now that get no tasks (another Triton than the caller's;
+            ``refused_nodes()`` says why).
     """
 
 
@@ -131,6 +132,7 @@ def check_devices_per_node(value: object) -> tuple[int | str, ...] | Literal["au
 class State(ClusterState[Task, Node, RayExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
 
+    where = "a Ray cluster"
     task_type = Task
     statistics_type = RayExecutorStatistics
 
@@ -140,8 +142,11 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         max_workers_per_node: int | None,
         devices_per_node: tuple[int | str, ...] | Literal["auto"] | None,
         resources: tuple[tuple[str, float], ...],
+        triton: TritonCheck | None = None,
     ) -> None:
         super().__init__()
+        self.triton = triton  # None: any Triton may join (require_same_triton=False)
+        self.present: set[str] = set()  # the node ids the last refresh saw alive
         self.session = f"precompile-executor-{uuid.uuid4().hex[:12]}"
         self.settings = settings
         self.max_workers_per_node = max_workers_per_node
@@ -220,10 +225,15 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         }
         now = time.monotonic()
         with self.lock:
+            self.present = set(present)
+            for node_id in departed(self.refused, present):
+                del self.refused[node_id]
+            self.stranded = self.all_refused()
             new = [
                 node_id
                 for node_id in present
                 if node_id not in self.nodes
+                and node_id not in self.refused
                 and node_id not in self.placing
                 and self.retry_at.get(node_id, 0.0) <= now
                 and not self.closing
@@ -251,7 +261,9 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         node = Node(node_id, None, window, dict(resources))
         try:
             node.actor = _placement.actor_for(node_id)
-            answer = node.actor.open.remote(self.session, self.settings, window, devices).future()
+            answer = node.actor.open.remote(
+                self.session, self.settings, window, devices, self.triton
+            ).future()
         except Exception as exc:  # noqa: BLE001 - tried again later
             log.warning("could not place a node actor on Ray node %s: %s", node_id, exc)
             with self.lock:
@@ -273,6 +285,12 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
                 if node is None or node.actor is not actor:
                     return  # the node left meanwhile
                 del self.placing[node_id]
+                refusal = None if error is not None else answer.result().get("refused")
+                if refusal:
+                    self.refuse(node_id, str(refusal))
+                    self.stranded = self.all_refused()
+                    self.poke()
+                    return
                 if error is None and not self.closing:
                     self.nodes[node_id] = node
                     self.wake.notify_all()
@@ -297,6 +315,10 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
                     task.future.set_running_or_notify_cancel()
                 return
         self.lose(node_id, actor, f"its actor failed: {error!r}")
+
+    def all_refused(self) -> bool:
+        """Every node alive was refused: no node can ever take a queued task (lock held)."""
+        return bool(self.present) and self.present <= set(self.refused)
 
     def lose(self, node_id: str, actor: Any, detail: str) -> None:
         """Fail the tasks in flight on ``node_id`` (if ``actor`` is still its actor) and retire

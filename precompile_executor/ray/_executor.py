@@ -47,6 +47,13 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
         resources: use only nodes whose Ray resources cover these amounts (``{"GPU": 1}``: GPU
             nodes). Nothing is reserved: the window bounds what runs on a node. Per task:
             ``options(resources=...)``.
+        require_same_triton: a node whose Triton version differs from this process's (or that
+            has Triton where this process has none, or the reverse) is refused when its actor
+            opens this executor's pool: it gets no tasks, a warning is logged,
+            ``refused_nodes()`` says why and ``statistics().nodes_refused`` counts it; while
+            every node is refused, tasks fail with
+            :class:`~precompile_executor.ray.NodesRefusedError`. ``False`` for work that does
+            not compile Triton kernels.
         timeout, initializer, initargs, classify, memory_limit: as for
             :class:`~precompile_executor.PrecompileExecutor`, applied by each node's pool: the
             timeout counts from the task's start on a node, the initializer runs in each pool
@@ -70,6 +77,7 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
         devices_per_node: Sequence[int | str] | Literal["auto"] | None = None,
         resources: Mapping[str, float] | None = None,
         memory_limit: int | None = None,
+        require_same_triton: bool = True,
     ) -> None:
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be a string or None, got {address!r}")
@@ -78,9 +86,10 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
         )
         devices = check_devices_per_node(devices_per_node)
         node_filter = check_resources(resources)
+        triton = self.triton_check(require_same_triton)
         if not ray.is_initialized():
             ray.init(address=address)
-        state = State(settings, max_workers_per_node, devices, node_filter)
+        state = State(settings, max_workers_per_node, devices, node_filter, triton)
         state.thread.start()
         state.wait_placed(PLACE_TIMEOUT_S)
         super().__init__(state, options)

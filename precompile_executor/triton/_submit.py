@@ -33,6 +33,7 @@ from typing import Any
 from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
+from .._errors import ClusterNodeLost
 from ._cache import cached_group, expected_hash, install, load_compiled, metadata_filename
 from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
@@ -40,6 +41,13 @@ from ._messages import CompiledArtifacts, CompileRequest, encode_constexprs
 from ._prewarm import caller_warming
 from ._target import parse_target
 from ._worker import compile_request
+
+NODE_LOST_RESENDS = 2
+"""Times one compile is sent again after the cluster node that held it was lost. A cluster
+backend never re-runs a task itself (it may have killed its node); a compile runs in a pool
+worker of the node, whose crash fails that compile alone and leaves the node up, so a lost node
+is the machine or its host process, and the compile may safely run elsewhere. Bounded, so that
+a compile that does take nodes down cannot take the whole cluster."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -54,9 +62,12 @@ class CompileJob:
         submitted_at: ``time.perf_counter()`` when the job was created.
         finished_at: ``time.perf_counter()`` when its future resolved.
         task_future: the executor's future of the compile task (``None`` when cached); join
-            it with ``PrecompileExecutor.timeline()`` records by their ``future``.
+            it with ``PrecompileExecutor.timeline()`` records by their ``future``. On a
+            cluster, the future of the last send (see :data:`NODE_LOST_RESENDS`).
         installed_at: ``time.monotonic()`` when the artifacts were in the caller's cache (the
             clock of the executor's timeline).
+        resends: times the compile was sent again because the cluster node that held it was
+            lost (at most :data:`NODE_LOST_RESENDS`).
     """
 
     request: CompileRequest
@@ -67,6 +78,7 @@ class CompileJob:
     finished_at: float | None = None
     task_future: Future[Any] | None = None
     installed_at: float | None = None
+    resends: int = 0
 
     @property
     def description(self) -> str:
@@ -142,20 +154,34 @@ def submit_compile(
         job.finished_at = time.perf_counter()
         outer.set_result(load_compiled(src, group, request.expected_hash))
         return job
-    inner = executor.submit(compile_request, request)
-    job.task_future = inner
+    job.task_future = executor.submit(compile_request, request)
 
     def cancel_inner(done: Future[Any]) -> None:
-        if done.cancelled():
-            inner.cancel()
+        if done.cancelled() and job.task_future is not None:
+            job.task_future.cancel()
 
     def finish(done: Future[Any]) -> None:
         if done.cancelled():
             outer.cancel()
             return
+        exc = done.exception()
+        lost = isinstance(exc, ClusterNodeLost)
+        if lost and job.resends < NODE_LOST_RESENDS and not outer.done():
+            # A compile is a pure function of its request, so one whose node was lost is sent
+            # again and lands on another node (docs/dask.md, "Compile on CPU nodes").
+            try:
+                again = executor.submit(compile_request, request)
+            except RuntimeError:
+                pass  # the executor was shut down meanwhile: the loss stands
+            else:
+                job.resends += 1
+                job.task_future = again
+                again.add_done_callback(finish)
+                if outer.cancelled():
+                    again.cancel()
+                return
         if not outer.set_running_or_notify_cancel():
             return
-        exc = done.exception()
         if exc is None:
             try:
                 artifacts: CompiledArtifacts = done.result()
@@ -173,7 +199,7 @@ def submit_compile(
         outer.set_exception(exc)
 
     outer.add_done_callback(cancel_inner)
-    inner.add_done_callback(finish)
+    job.task_future.add_done_callback(finish)
     return job
 
 
