@@ -1,6 +1,6 @@
 """Each class short enough to hold in one's head, each module readable in one sitting: no class
-over :data:`CLASS_LINES` lines and no module over :data:`MODULE_LINES` in the package (issue 22's
-acceptance; CPython's ``concurrent/futures/process.py`` has a largest class of 297 lines)."""
+over :data:`CLASS_LINES` lines and no module over :data:`MODULE_LINES` in the package
+(CPython's ``concurrent/futures/process.py`` has a largest class of 297 lines)."""
 
 from __future__ import annotations
 
