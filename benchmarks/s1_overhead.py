@@ -62,13 +62,13 @@ def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
         n: int,
         n_rt: int,
         note: str = "",
-        seed: bool = False,
+        per_task_process: bool = False,
         r: int = reps,
     ) -> None:
-        if not seed and run_map is not None:
+        if not per_task_process and run_map is not None:
             run_map(max(64, n // 8))
             rt(min(20, n_rt))
-        small = _per_task(None if seed else run_map, max(8, n // 8), r)
+        small = _per_task(None if per_task_process else run_map, max(8, n // 8), r)
         rows.append(
             {
                 "name": name,
