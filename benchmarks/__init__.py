@@ -14,13 +14,15 @@ writes ``DIR/benchmarks.md`` and ``DIR/benchmarks.png``; see :mod:`benchmarks.ru
   (``precompile_executor/examples/kernels.py``), and its layer norm to warm a compiler.
 * :mod:`benchmarks._batch` — one compile batch under each strategy, and its ideal.
 * :mod:`benchmarks._tasks` — module-level tasks (no-op, hangs, crashes, initializers).
-* :mod:`benchmarks._seed` — Helion's two modes re-implemented: a fork or a fresh interpreter
-  per task (and, run as a module, the cold parent of scenario 2).
+* :mod:`benchmarks._helion_modes` — Helion's two modes re-implemented: a fork or a fresh
+  interpreter per task (and, run as a module, the cold parent of scenario 2).
 * :mod:`benchmarks._pools` — uniform handles on the other pools (stdlib, loky, pebble).
 * Run on their own: ``_replace_latency`` (crash → replacement, step by step), ``gantt`` (drawn
-  by s7), ``dask_bench`` and ``ray_bench`` (one shared body), ``limits_probe``; on a GPU
-  machine ``gpu_runonce``, ``gpu_fork_probe``, ``helion_bench``, ``triton_autotune_bench``
-  (``bash benchmarks/gpu_session.sh <stage>``).
+  by s7), ``dask_bench`` and ``ray_bench`` (one shared body), ``limits_probe``,
+  ``fork_cow_probe``, ``helion_stream_cpu``; on a GPU machine ``gpu_runonce``,
+  ``gpu_fork_probe``, ``helion_bench``, ``triton_autotune_bench`` (``bash
+  benchmarks/gpu_session.sh <stage>``).
 
+The question each script answers, and its latest answer: ``docs/benchmarks.md``, "Questions".
 Nothing here is imported by the library; ``tests/test_benchmarks_smoke.py`` runs the quick run.
 """

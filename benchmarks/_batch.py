@@ -14,7 +14,7 @@ from typing import Any
 
 import precompile_executor as pe
 
-from . import _seed
+from . import _helion_modes
 from ._kernels import Config, compile_config, warm_compile
 from ._tasks import import_torch_triton
 
@@ -84,10 +84,10 @@ def on_executor(
     )
 
 
-def seed_fork(configs: Sequence[Config], cache: str, jobs: int, spawn: bool = False) -> BatchRun:
-    """The seed's fork mode from this process (``spawn``: its spawn mode)."""
+def helion_fork(configs: Sequence[Config], cache: str, jobs: int, spawn: bool = False) -> BatchRun:
+    """Helion's fork mode from this process (``spawn``: its spawn mode)."""
     start = time.perf_counter()
-    outcomes = (_seed.run_spawned if spawn else _seed.run_forked)(
+    outcomes = (_helion_modes.run_spawned if spawn else _helion_modes.run_forked)(
         [(compile_config, (c, cache)) for c in configs], jobs
     )
     wall = time.perf_counter() - start
@@ -98,11 +98,11 @@ def seed_fork(configs: Sequence[Config], cache: str, jobs: int, spawn: bool = Fa
     )
 
 
-def seed_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
-    """The seed's fork mode from a fresh parent that imported torch and triton and never
-    compiled (``python -m benchmarks._seed``); only the batch is timed, in that parent."""
+def helion_fork_cold_parent(configs: Sequence[Config], cache: str, jobs: int) -> BatchRun:
+    """Helion's fork mode from a fresh parent that imported torch and triton and never
+    compiled (``python -m benchmarks._helion_modes``); only the batch is timed, in that parent."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks._seed", str(jobs), cache, json.dumps(configs)],
+        [sys.executable, "-m", "benchmarks._helion_modes", str(jobs), cache, json.dumps(configs)],
         capture_output=True,
         text=True,
         timeout=RESULT_TIMEOUT_S,

@@ -16,10 +16,11 @@ Each case runs in a fresh interpreter (``subprocess``), so nothing of one leaks 
 
 For each: the template's threads by kernel name, whether torch says CUDA is initialized there, and
 in the child: ok or the exception; and what ``precompile_executor._fork_server.fork_safety()`` says
-in the template (``None``: it forks). Session 4 (docs/gpu-runs.md): the children of ``torch``,
-``nvml`` and ``helion`` use CUDA, the ``runtime`` one cannot ("Cannot re-initialize CUDA in
-forked subprocess"); ``fork_safety()`` accepts exactly the first three. (Shutting NVML down
-after the count, tried then, does not end the driver's thread.)
+in the template (``None``: it forks). On the H200 with torch 2.11 (docs/gpu-runs.md, "Workers
+forked after CUDA's driver thread"): the children of ``torch``, ``nvml`` and ``helion`` use CUDA,
+the ``runtime`` one cannot ("Cannot re-initialize CUDA in forked subprocess"); ``fork_safety()``
+accepts exactly the first three. (Shutting NVML down after the count does not end the driver's
+thread.) Re-run it when torch changes how it counts devices.
 """
 
 from __future__ import annotations

@@ -9,15 +9,15 @@ Usage (from the repository root, on a machine with one or more CUDA GPUs)::
 What it measures, in one process and one run (so the figures share a machine state):
 
 1. **Autotune batch, one GPU** — ``--configs`` matmul configs (``benchmarks._kernels``), each
-   compiled and run once on GPU 0 with ``--workers`` at a time, each strategy with a fresh
-   Triton cache: *seed fork* (Helion's fork mode: one forked child per config compiles it under
-   the compile-only driver, then the parent runs each config once, a cache hit each); *seed
-   spawn* (one fresh interpreter per config loads the arguments written once with
-   ``torch.save``, compiles and runs the kernel between device synchronisations); *ours* (warm
-   ``PrecompileExecutor`` workers pinned to GPU 0 run ``run_once`` tasks with ``share_args``
-   arguments, loaded once per worker); *ideal*: ``max(sum(compile) / workers, longest compile +
-   run, sum(run) / GPUs)``, from the workers' compile times and each kernel's time alone on a
-   GPU (CUDA events, measured in this process after the batch).
+   compiled and run once on GPU 0 with ``--workers`` at a time, each strategy with a fresh Triton
+   cache: *Helion's fork mode* (re-implemented in ``benchmarks._helion_modes``: one forked child per
+   config compiles it under the compile-only driver, then the parent runs each config once, a cache
+   hit each); *Helion's spawn mode* (one fresh interpreter per config loads the arguments written
+   once with ``torch.save``, compiles and runs the kernel between device synchronisations); *ours*
+   (warm ``PrecompileExecutor`` workers pinned to GPU 0 run ``run_once`` tasks with ``share_args``
+   arguments, loaded once per worker); *ideal*: ``max(sum(compile) / workers, longest compile + run,
+   sum(run) / GPUs)``, from the workers' compile times and each kernel's time alone on a GPU (CUDA
+   events, measured in this process after the batch).
 2. **The same batch on every GPU** — ours with ``devices=[0, 1, ...]``: the ratio to one GPU.
 3. **Run-phase scaling** — the same configs on a ``--big`` matmul (compiles cached), run once
    per config on one GPU and on every GPU, twice each; the ratio of the second passes.
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import triton
 
-from benchmarks import _kernels, _seed
+from benchmarks import _helion_modes, _kernels
 from benchmarks._common import stamp, usable_cores
 from precompile_executor import PrecompileExecutor, stop_idle_workers
 from precompile_executor.gpu import RunOnce, RunReport, SharedArgs, run_once, share_args
@@ -102,7 +102,7 @@ def warm_worker(delay_s: float) -> int:
 
 
 def fork_compile(cfg: _kernels.Config, size: int, cache_dir: str) -> float:
-    """Seed fork mode, child side: compile one config, as the JIT would for the real launch."""
+    """Helion's fork mode, child side: compile one config, as the JIT would for the real launch."""
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     a = TensorSpec("fp16", (size, size))
     specs = (a, a, a, size, size, size, *a.stride(), *a.stride(), *a.stride())
@@ -223,7 +223,7 @@ def _line(label: str, wall: float, extra: str = "") -> None:
 # -- the scenarios ------------------------------------------------------------------------------
 
 
-def seed_fork(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
+def helion_fork(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
     """Forked children compile, then this process runs each config once (Helion's fork mode)."""
     args = matmul_args(size, "cuda")
     hits: list[bool] = []
@@ -236,7 +236,7 @@ def seed_fork(configs: Configs, size: int, workers: int, timeout: float) -> dict
     with fresh_cache("fork") as cache_dir, _kernels.triton_cache_dir(cache_dir):
         start = time.perf_counter()
         calls = [(fork_compile, (cfg, size, cache_dir)) for cfg in configs]
-        outcomes = _seed.run_forked(calls, workers, timeout)
+        outcomes = _helion_modes.run_forked(calls, workers, timeout)
         compiled = time.perf_counter() - start
         failures = [o.error for o in outcomes if not o.ok]
         with triton.knobs.compilation.scope():
@@ -260,14 +260,16 @@ def seed_fork(configs: Configs, size: int, workers: int, timeout: float) -> dict
     }
 
 
-def seed_spawn(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
+def helion_spawn(configs: Configs, size: int, workers: int, timeout: float) -> dict[str, Any]:
     """One fresh interpreter per config loads the args file, compiles and runs (spawn mode)."""
     args = matmul_args(size, "cuda")
     with fresh_cache("spawn") as cache_dir:
         start = time.perf_counter()
         with share_args(args) as shared:
             tasks = matmul_tasks(configs, shared, cache_dir)
-            outcomes = _seed.run_spawned([(t.func, t.args) for t in tasks], workers, timeout)  # type: ignore[attr-defined]
+            outcomes = _helion_modes.run_spawned(
+                [(t.func, t.args) for t in tasks], workers, timeout
+            )  # type: ignore[attr-defined]
         wall = time.perf_counter() - start
     reports = [o.value for o in outcomes if o.ok]
     return {
@@ -278,22 +280,22 @@ def seed_spawn(configs: Configs, size: int, workers: int, timeout: float) -> dic
     }
 
 
-def scenario_seeds(opts: argparse.Namespace, configs: Configs) -> dict[str, Any]:
+def scenario_helion_modes(opts: argparse.Namespace, configs: Configs) -> dict[str, Any]:
     """1a. Helion's fork and spawn modes on one GPU."""
-    fork = seed_fork(configs, opts.size, opts.workers, opts.timeout)
+    fork = helion_fork(configs, opts.size, opts.workers, opts.timeout)
     _line(
-        "seed fork (fork compile + parent run)",
+        "Helion's fork mode (fork compile + parent run)",
         fork["wall_s"],
         f"compile phase {fork['compile_phase_s']:.2f} s, run phase {fork['run_phase_s']:.2f} s, "
         f"parent cache hits {fork['parent_cache_hits']}/"
         f"{fork['parent_cache_hits'] + fork['parent_compiles']}, failures {len(fork['failures'])}",
     )
-    spawn = seed_spawn(configs, opts.size, opts.workers, opts.timeout)
+    spawn = helion_spawn(configs, opts.size, opts.workers, opts.timeout)
     extra = f"mean child {spawn['mean_child_s']:.2f} s, failures {len(spawn['failures'])}"
-    _line("seed spawn (interpreter per config)", spawn["wall_s"], extra)
+    _line("Helion's spawn mode (interpreter per config)", spawn["wall_s"], extra)
     for failure in fork["failures"][:3] + spawn["failures"][:3]:
         print("    failure:", failure)
-    return {"seed_fork": fork, "seed_spawn": spawn}
+    return {"helion_fork": fork, "helion_spawn": spawn}
 
 
 def _per_gpu(reports: Sequence[RunReport]) -> str:
@@ -409,7 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--big", type=int, default=16384, help="matmul size of the run phase")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per task")
     parser.add_argument("--quick", action="store_true", help="8 configs, 4 workers, small sizes")
-    parser.add_argument("--skip-seed", action="store_true", help="leave out the seed modes")
+    parser.add_argument(
+        "--skip-helion-modes", action="store_true", help="leave out Helion's two modes"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     opts = parser.parse_args(argv)
     if opts.quick:
@@ -426,8 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"GPUs {gpus}; run phase {opts.big}^3; timeout {opts.timeout:g} s per task"
     )
     print("\n1. autotune batch (compile + run once), one GPU, a fresh Triton cache each")
-    if not opts.skip_seed:  # first: forking is safest before this process has pools' threads
-        results.update(scenario_seeds(opts, configs))
+    # First: forking is safest before this process has pools' threads.
+    if not opts.skip_helion_modes:
+        results.update(scenario_helion_modes(opts, configs))
     common: dict[str, Any] = {"timeout": opts.timeout, "classify": classify, "initializer": _tag}
     one = PrecompileExecutor(opts.workers, devices=[0], initargs=("1",), **common)
     every = PrecompileExecutor(opts.workers, devices=gpus, initargs=("n",), **common)
@@ -435,10 +440,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with fresh_cache("ours1") as cache1, fresh_cache("oursN") as cache_n:
             warm_pool(one, opts.workers, opts.timeout)
             results["ours_1gpu"] = b1 = scenario_batch(opts, configs, one, 1, cache1)
-            if not opts.skip_seed:
-                fork_s, spawn_s = results["seed_fork"]["wall_s"], results["seed_spawn"]["wall_s"]
+            if not opts.skip_helion_modes:
+                fork_s, spawn_s = (
+                    results["helion_fork"]["wall_s"],
+                    results["helion_spawn"]["wall_s"],
+                )
                 print(
-                    f"  seed fork / ours = {fork_s / b1['wall_s']:.2f}x, seed spawn / ours = "
+                    f"  Helion fork mode / ours = {fork_s / b1['wall_s']:.2f}x, "
+                    f"Helion spawn mode / ours = "
                     f"{spawn_s / b1['wall_s']:.2f}x, "
                     f"ours / ideal = {b1['wall_s'] / b1['ideal_s']:.2f}x"
                 )
@@ -471,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run main() from the module's importable name, so that its tasks pickle by reference (a
-    # fresh interpreter of the seed's spawn mode cannot import anything from this __main__).
+    # fresh interpreter of Helion's spawn mode cannot import anything from this __main__).
     from benchmarks import gpu_runonce
 
     sys.exit(gpu_runonce.main())

@@ -5,10 +5,10 @@
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
 #   bash benchmarks/gpu_session.sh probe     # can a child forked from a template use CUDA?
-#   bash benchmarks/gpu_session.sh warmprobe # where Helion's spawn-executor warm-up goes, per step
 #   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
-#     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .v01 made by
-#     `mkdir .v01 && git archive 333c6ad precompile_executor | tar -x -C .v01`: no git history there)
+#     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .baseline made by
+#     `mkdir .baseline && git archive 333c6ad precompile_executor | tar -x -C .baseline`: the
+#     device machine's copy has no git history)
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
@@ -74,12 +74,9 @@ case "${1:-tests}" in
       --contention --out "$OUT/ordering" 2>&1 | tee "$OUT/ordering.log" | tail -60 ;;
   versus)
     timeout "${VERSUS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 2 --only s9 \
-      --against "${AGAINST:-.v01}" --out "$OUT/versus" 2>&1 | tee "$OUT/versus.log" | tail -30 ;;
+      --against "${AGAINST:-.baseline}" --out "$OUT/versus" 2>&1 | tee "$OUT/versus.log" | tail -30 ;;
   probe)
     timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
-  warmprobe)
-    timeout "${WARMPROBE_TIMEOUT:-400}" python3 -m benchmarks.helion_warm_probe --out "$OUT/warm-probe.md" \
-      2>&1 | tee "$OUT/warm-probe.log" ;;
   helion)
     # HELION_ONLY="skew matmul" picks scenarios, HELION_MODES="native-fork ours-fork" modes,
     # ("skew:ours-fork": for one scenario), HELION_ROUNDS the interleaved rounds (default 3); a

@@ -98,7 +98,7 @@ TARGETS = {
     ("lfbo", "native-fork"): 0.9,
     ("matmul", "hand-spawn"): 1.05,
 }
-"""Issue 21's acceptance: ours' median whole process / the baseline's, by (scenario, baseline)."""
+"""Targets: ours' median whole process / the baseline's, by (scenario, baseline)."""
 SEED = 0
 JOBS = 16
 SKEW_COMPILE_TIMEOUT_S = 15

@@ -1,5 +1,5 @@
 """Memory limits on a real compile stack: what a warm torch+Triton worker is charged, what a
-sample costs, no false kills, and how fast an overrun is killed (issue 24).
+sample costs, no false kills, and how fast an overrun is killed (docs/design.md, "Memory limits").
 
 Run from the repository root: ``python -m benchmarks.limits_probe [--workers 16]``. It starts
 ``workers`` workers whose initializer imports torch and triton (forked from one warm template),

@@ -3,8 +3,8 @@
 Two figures per pool: throughput of a ``map`` over many no-op tasks (µs per task, all workers
 busy) and the sequential ``submit(...).result()`` round trip (µs, one task in flight). The map
 is also timed over an eighth of the tasks: a per-task cost that grows with the batch means work
-proportional to the queue length somewhere. The fork-per-task and fresh-interpreter rows are the
-seed's two modes (``benchmarks/_seed.py``); their map runs at most ``workers`` at a time.
+proportional to the queue length somewhere. The fork-per-task and fresh-interpreter rows are
+Helion's two modes (``benchmarks/_helion_modes.py``); their map runs at most ``workers`` at a time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import precompile_executor as pe
 
-from . import _pools, _seed
+from . import _helion_modes, _pools
 from ._common import Context, median, timed
 from ._report import Section, Table, Target, bars, fmt_us, intro
 from ._tasks import noop
@@ -25,8 +25,8 @@ REFERENCE_US = {
     "stdlib PPE (spawn)": "84 / 218",
     "loky reusable": "141 / 342",
     "pebble ProcessPool": "52 / 166",
-    "seed fork mode: one fork per task": "— / 6,300",
-    "seed spawn mode: one fresh interpreter per task": "— / 1,500,000",
+    "Helion's fork mode: one fork per task": "— / 6,300",
+    "Helion's spawn mode: one fresh interpreter per task": "— / 1,500,000",
 }
 """(map µs/task / round trip µs) on the project's 2-core machine (REFERENCE.md)."""
 
@@ -62,13 +62,13 @@ def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
         n: int,
         n_rt: int,
         note: str = "",
-        seed: bool = False,
+        per_task_process: bool = False,
         r: int = reps,
     ) -> None:
-        if not seed and run_map is not None:
+        if not per_task_process and run_map is not None:
             run_map(max(64, n // 8))
             rt(min(20, n_rt))
-        small = _per_task(None if seed else run_map, max(8, n // 8), r)
+        small = _per_task(None if per_task_process else run_map, max(8, n // 8), r)
         rows.append(
             {
                 "name": name,
@@ -99,11 +99,16 @@ def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
     for pool in _pools.each(("ppe-fork", "ppe-spawn", "loky", "pebble"), w, ctx, skipped):
         with pool:
             row(pool.name, *_on(pool), n_map, n_rt)
-    ctx.log("s1: the seed's modes (one fork, one fresh interpreter per task)")
+    ctx.log("s1: Helion's two modes (one fork, one fresh interpreter per task)")
     seq, spawned = (10, 1) if ctx.quick else (50, 3)
     for mode, n, n_rt, name in (
-        (_seed.run_forked, n_fork, seq, "seed fork mode: one fork per task"),
-        (_seed.run_spawned, 2 * w, spawned, "seed spawn mode: one fresh interpreter per task"),
+        (_helion_modes.run_forked, n_fork, seq, "Helion's fork mode: one fork per task"),
+        (
+            _helion_modes.run_spawned,
+            2 * w,
+            spawned,
+            "Helion's spawn mode: one fresh interpreter per task",
+        ),
     ):
 
         def many(n: int, mode: Any = mode) -> Any:
@@ -112,7 +117,7 @@ def measure(ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
         def one(n: int, mode: Any = mode) -> Any:
             return [mode([(noop, (i,))], 1) for i in range(n)]
 
-        spawn = mode is _seed.run_spawned
+        spawn = mode is _helion_modes.run_spawned
         note = f"{n} tasks in the map, {n_rt} round trips"
         row(
             name,
@@ -166,7 +171,7 @@ def run(ctx: Context) -> Section:
         )
     section.plot = bars(
         f"1. No-op task overhead, warm pools of {w} (µs, log scale)",
-        [r["name"].replace("seed ", "").replace(": one", ":\none") for r in rows],
+        [r["name"].replace("Helion's ", "").replace(": one", ":\none") for r in rows],
         {
             f"map, µs per task ({n_map} tasks)": ([r["map"] * 1e6 for r in rows], "tab:orange"),
             "submit→result round trip, µs": ([r["rt"] * 1e6 for r in rows], "tab:blue"),

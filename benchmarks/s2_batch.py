@@ -45,12 +45,12 @@ STRATEGIES = {
     "warm": ("PrecompileExecutor, warm", "each worker compiled an unrelated kernel once first"),
     "fork": ("PrecompileExecutor, fork path (this warm parent)", ""),
     "threads": ("ThreadPoolExecutor in the caller's process", ""),
-    "seed_warm": ("seed fork mode, parent had compiled", ""),
-    "seed_cold": (
-        "seed fork mode, parent never compiled",
+    "fork_warm": ("Helion's fork mode, parent had compiled", ""),
+    "fork_cold": (
+        "Helion's fork mode, parent never compiled",
         "a fresh parent that imported torch and triton; only the batch is timed",
     ),
-    "spawn": ("seed spawn mode (fresh interpreter per config)", "one run (slow)"),
+    "spawn": ("Helion's spawn mode (fresh interpreter per config)", "one run (slow)"),
 }
 """key → (name, note) of each strategy, in the order they run."""
 
@@ -80,10 +80,10 @@ def measure(ctx: Context, cfgs: list[Config]) -> dict[str, list[BatchRun]]:
             record("fork", ex.options(path="fork"))
         with ThreadPoolExecutor(w) as tpe:
             record("threads", tpe)
-        record("seed_warm", lambda d: _batch.seed_fork(cfgs, d, w))
-        record("seed_cold", lambda d: _batch.seed_fork_cold_parent(cfgs, d, w))
+        record("fork_warm", lambda d: _batch.helion_fork(cfgs, d, w))
+        record("fork_cold", lambda d: _batch.helion_fork_cold_parent(cfgs, d, w))
         if rnd == 0:
-            record("spawn", lambda d: _batch.seed_fork(cfgs, d, w, spawn=True))
+            record("spawn", lambda d: _batch.helion_fork(cfgs, d, w, spawn=True))
     return runs
 
 
@@ -150,7 +150,7 @@ def run(ctx: Context) -> Section:
     )
     per_config = warm * w / len(cfgs)  # worker-seconds per config on the warm pool
 
-    def why_seed(key: str) -> str:
+    def why_per_config(key: str) -> str:
         extra = (wall(key) - warm) * w / len(cfgs)
         return (
             f"each config paid about {extra:.2f}s more than on a warm worker, where it takes "
@@ -171,18 +171,22 @@ def run(ctx: Context) -> Section:
             "threads scale close to the workers on few cores, and pay no dispatch",
         ),
         Target(
-            "seed fork mode, cold parent / warm batch",
-            wall("seed_cold") / warm,
+            "Helion's fork mode, cold parent / warm batch",
+            wall("fork_cold") / warm,
             ">=",
             1.8,
-            why=why_seed("seed_cold"),
+            why=why_per_config("fork_cold"),
         ),
         Target(
-            "seed spawn mode / warm batch", wall("spawn") / warm, ">=", 4.0, why=why_seed("spawn")
+            "Helion's spawn mode / warm batch",
+            wall("spawn") / warm,
+            ">=",
+            4.0,
+            why=why_per_config("spawn"),
         ),
         Target(
-            "seed fork mode, warm parent / warm batch (never slower)",
-            wall("seed_warm") / warm,
+            "Helion's fork mode, warm parent / warm batch (never slower)",
+            wall("fork_warm") / warm,
             ">=",
             1.0,
             why="its children inherit a warm compiler: only the fork cost separates the two",

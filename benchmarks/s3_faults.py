@@ -5,7 +5,7 @@ in C with the GIL held (``ctypes.PyDLL`` ``sleep``) and ``k`` that crash (``os.a
 SIGKILL of themselves, alternating), spread through the submission order. Every compile task
 appends a line to a log when it starts, so a re-run shows up.
 
-PrecompileExecutor, the seed's fork mode and pebble (which have per-task timeouts) run the whole
+PrecompileExecutor, Helion's fork mode and pebble (which have per-task timeouts) run the whole
 faulty batch; loky's reusable executor and the stdlib ProcessPoolExecutor have no per-task
 timeout, so they run the batch with the crashes only (a hang would never end). Budget =
 fault-free wall + hung tasks × timeout / workers; the target allows 10% over it. 'Innocent
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from . import _batch, _pools, _seed
+from . import _batch, _helion_modes, _pools
 from ._common import Context, descendants, median, spread
 from ._kernels import Config, compile_config, configs, warm_compile
 from ._report import Section, Table, Target, bars, intro
@@ -83,9 +83,9 @@ def _submit_all(submit: Callable[..., Future[Any]], tasks: list[Task], log: str)
     return FaultRun(time.perf_counter() - start, failed, _reruns(log), errors)
 
 
-def _seed_run(tasks: list[Task], w: int, timeout: float, log: str) -> FaultRun:
+def _fork_run(tasks: list[Task], w: int, timeout: float, log: str) -> FaultRun:
     start = time.perf_counter()
-    outcomes = _seed.run_forked([(fn, args) for fn, args, _ in tasks], w, timeout=timeout)
+    outcomes = _helion_modes.run_forked([(fn, args) for fn, args, _ in tasks], w, timeout=timeout)
     errors = collections.Counter(
         "timeout" if o.timed_out else (o.error.split(":")[0] or "crash")
         for o in outcomes
@@ -158,11 +158,11 @@ def measure(
     # PrecompileExecutor runs before every pool that forks multiprocessing workers (pebble, the
     # stdlib pool): when such a worker exits it runs the parent's threading-atexit hooks,
     # including the library's hub shutdown, which breaks the hub in this process.
-    ctx.log("s3: seed fork mode, fault-free and with faults")
-    seed_ff = _batch.seed_fork(cfgs, ctx.fresh_dir("seed-ff"), w).wall_s
+    ctx.log("s3: Helion's fork mode, fault-free and with faults")
+    fork_ff = _batch.helion_fork(cfgs, ctx.fresh_dir("fork-ff"), w).wall_s
     log = ctx.fresh_dir("log") + "/starts.log"
-    seed = _seed_run(faulty_batch(cfgs, ctx.fresh_dir("seed"), log, k, k), w, timeout, log)
-    rows.append(_row("seed fork mode (warm parent)", "hangs + crashes", [seed], [seed_ff]))
+    forked = _fork_run(faulty_batch(cfgs, ctx.fresh_dir("fork"), log, k, k), w, timeout, log)
+    rows.append(_row("Helion's fork mode (warm parent)", "hangs + crashes", [forked], [fork_ff]))
     skipped: list[str] = []
     for pool in _pools.each(("pebble", "loky", "ppe-fork"), w, ctx, skipped, import_torch_triton):
         with pool:
@@ -188,7 +188,7 @@ def run(ctx: Context) -> Section:
     w = ctx.workers
     cfgs = configs(ctx.n_configs, ctx.quick)
     times = _batch.warm_times(ctx, cfgs)
-    warm_compile()  # the seed's fork mode and pebble fork from this process: make it warm
+    warm_compile()  # Helion's fork mode and pebble fork from this process: make it warm
     k = max(1, round(0.1 * len(cfgs)))
     timeout = max(2.0 if ctx.quick else 5.0, 3 * max(times.values()))
     ctx.log(f"s3: {len(cfgs)} configs + {k} hanging + {k} crashing tasks, timeout {timeout:.1f}s")

@@ -22,7 +22,7 @@ from typing import Any
 
 import precompile_executor as pe
 
-from . import _pools, _seed
+from . import _helion_modes, _pools
 from ._common import Context, is_gone, median, wait_gone
 from ._report import Section, Table, Target, bars, intro
 from ._tasks import hang_with_grandchild
@@ -99,12 +99,14 @@ def measure(ctx: Context, timeout: float, reps: int) -> tuple[list[dict[str, Any
     finally:
         ex.terminate_workers()
 
-    def seed(kind: str, info: str) -> tuple[float, str]:
-        out = _seed.run_forked([(hang_with_grandchild, (kind, info))], 1, timeout=timeout)[0]
+    def forked(kind: str, info: str) -> tuple[float, str]:
+        out = _helion_modes.run_forked([(hang_with_grandchild, (kind, info))], 1, timeout=timeout)[
+            0
+        ]
         return out.ended, "timeout" if out.timed_out else out.error
 
     for kind in ("python", "ignore-term"):
-        kills(f"seed fork mode, {kind} hang", seed, kind)
+        kills(f"Helion's fork mode, {kind} hang", forked, kind)
     skipped: list[str] = []
     for pool in _pools.each(["pebble"], 1, ctx, skipped):
         with pool:

@@ -6,7 +6,7 @@ holds; a forked worker shares its parent's pages until it writes them) of every 
 the helper processes that outlive the pools (loky's and multiprocessing's resource trackers, the
 library's guardian), which whichever pool starts first brings up for all. Then each
 pool compiles a few small configs and is measured again: the compiler's memory stays in a warm
-worker. The seed's modes are not in the table: fork mode holds one short-lived forked child per
+worker. Helion's two modes are not in the table: fork mode holds one short-lived forked child per
 running config (its USS is what the compile writes), spawn mode one fresh interpreter per running
 config (about one spawned worker's USS each, paid again for every config).
 """

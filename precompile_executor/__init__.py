@@ -28,7 +28,7 @@ from ._process import KILL_GRACE_S
 from ._records import ExecutorStatistics, TaskCounts, TaskResult, TaskTimeline
 from ._worker import worker_device
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",

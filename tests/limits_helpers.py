@@ -139,7 +139,7 @@ def terminate_leaves_nothing(start: str) -> None:
 
 
 def resource_tracker_sequence(start: str) -> None:
-    """Issue 24's sequence: start the stdlib resource tracker, run a task, then stop the
+    """CPython's test-harness sequence: start the stdlib resource tracker, run a task, then stop the
     tracker (as CPython's test harness does at teardown); report whether the stop returned."""
     import multiprocessing.resource_tracker as rt
 

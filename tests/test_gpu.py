@@ -461,7 +461,8 @@ def _add_on_gpu_in_worker(n: int) -> tuple[float, int, bool]:
 def test_an_initializer_that_asks_if_cuda_is_available(initializer: Any, start: str) -> None:
     """``torch.cuda.is_available()`` in the initializer (what ``import helion`` does) leaves the
     CUDA driver's thread. With the NVML check (set in templates) the template still forks and
-    its pinned workers open their contexts and launch kernels (issue 13's 49 s Helion warm-up);
+    its pinned workers open their contexts and launch kernels (docs/gpu-runs.md, "Workers
+    forked after CUDA's driver thread");
     after a runtime device count torch refuses CUDA in forked children, so the template refuses
     and the workers start as interpreters — either way the kernels run."""
     with PrecompileExecutor(2, devices=[0], initializer=initializer, initargs=(start,)) as executor:

@@ -582,7 +582,7 @@ def test_fork_mode_children_inherit_the_callers_warm_triton(
     executor: PrecompileExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child forked before this process hashed Triton's installation hashes it again in its
-    own compile, every child (0.3–0.5 s each; benchmarks/fork_cold_probe.py): ``use()`` starts
+    own compile, every child (0.3–0.5 s each; docs/gpu-runs.md, "Helion, fork mode"): ``use()`` starts
     that work on a background thread and fork-mode precompiles fork after it."""
     from precompile_executor.helion import _warm
 
@@ -1622,7 +1622,7 @@ def test_gpu_ctrl_c_during_a_batch_leaves_no_process() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         if proc.stdout is not None:
-            proc.stdout.close()  # else its ResourceWarning fails the test (H200, session 4)
+            proc.stdout.close()  # else its ResourceWarning fails the test (filterwarnings = error)
 
 
 @gpu

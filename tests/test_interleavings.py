@@ -1,7 +1,7 @@
 """Races between dispatch, worker death, idle expiry and shutdown, and contract edge cases.
 
 Each test provokes one interleaving that once lost a task, hung a future, broke the cap on
-running tasks or left a process behind (issue 11). Races are provoked by repetition, so a test
+running tasks or left a process behind. Races are provoked by repetition, so a test
 that passes says only that the race was not hit. Public API only: the internals change.
 """
 

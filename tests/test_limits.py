@@ -1,4 +1,4 @@
-"""Resource limits and stdlib parity (issue 24): memory limits and admission against memory,
+"""Resource limits and stdlib parity: memory limits and admission against memory,
 ``max_tasks_per_child``, warm workers that hold none of the caller's descriptors, and background
 threads and processes that end.
 

@@ -2,7 +2,7 @@
 
 Adapted from CPython's ``Lib/test/test_concurrent_futures/test_process_pool.py`` (class
 ``ProcessPoolExecutorTest``; python/cpython, main branch as of commit 05a627cc4fb8; Copyright
-Python Software Foundation, PSF License Agreement) for the stdlib-parity check of issue 24.
+Python Software Foundation, PSF License Agreement), to check stdlib parity.
 What changed, and only that:
 
 * ``self.executor_type(n, mp_context=context, max_tasks_per_child=k)`` →

@@ -513,8 +513,8 @@ def test_leaders_timed_while_compiles_ran_are_timed_again_after_the_last_landed_
     # Nothing is timed more than twice (screening, then at most one confirmation). Not "only
     # what this test saw as noisy": the test reads "every compile finished" from the executor's
     # statistics, which can trail the futures the tune watches, so a timing this test counts as
-    # quiet may still have been screened before the tune saw its last compile land (seen on the
-    # H200, docs/gpu-runs.md session 5, call 5).
+    # quiet may still have been screened before the tune saw its last compile land (seen on an
+    # H200).
     assert all(calls.count(call) + calls.count((call[0], not call[1])) <= 2 for call in calls)
     assert len(calls) <= 2 * len(DOUBLE_CONFIGS)
 

@@ -46,10 +46,15 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
             with :class:`~precompile_executor.dask.NodesRefusedError`. ``False`` for work that
             does not compile Triton kernels.
         max_workers_per_node: most tasks one node runs at once; default its dask thread count.
-        timeout, initializer, initargs, classify, memory_limit: as for
-            :class:`~precompile_executor.PrecompileExecutor`, applied by each node's pool: the
-            timeout counts from the task's start on a node, the initializer runs in each pool
-            worker of each node, ``classify`` on the node (all three must pickle).
+        timeout: as for :class:`~precompile_executor.PrecompileExecutor`, counted from the
+            task's start on its node.
+        initializer: as for :class:`~precompile_executor.PrecompileExecutor`; runs in each pool
+            worker of each node (it must pickle).
+        initargs: the initializer's arguments (they must pickle).
+        classify: as for :class:`~precompile_executor.PrecompileExecutor`; runs on the node (it
+            must pickle).
+        memory_limit: as for :class:`~precompile_executor.PrecompileExecutor`, applied by each
+            node's pool.
 
     Raises:
         WorkerStartError: a dask worker is daemonic (it could not start the node pool).

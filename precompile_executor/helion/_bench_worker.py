@@ -4,7 +4,7 @@ Helion 1.5.1 measures every config in a long-lived spawn subprocess by default
 (``autotune_benchmark_subprocess``; ``helion.autotuner.benchmark_worker.BenchmarkWorker``), and
 starts it lazily: the first measurement pays a new interpreter, ``import torch, helion``, a CUDA
 context and Triton's driver — 17–24 s on the H200 machine, in native fork mode and in ours alike,
-on the autotuner's critical path (docs/gpu-runs.md, session 9: the first measurement of every
+on the autotuner's critical path (docs/gpu-runs.md, "Helion, fork mode": first measurement in every
 run). A worker here is that same process — Helion's own loop, ``_worker_loop``, serving Helion's
 jobs over its pipe — started earlier, in one of two ways:
 

@@ -31,8 +31,8 @@ code included) runs the baseline then.
 
 Helion's benchmark subprocess (every measurement runs in it by default) is the spare that
 ``install()``/``use()`` started, or is started when the provider is built, and warmed in the
-background (``_bench_worker``): its cold start, 17–24 s on the H200, no longer begins inside the
-first measurement.
+background (``_bench_worker``): its cold start, 17–24 s on the H200, does not begin inside the
+first measurement, as it does with Helion alone.
 
 Timing integrity: in spawn mode our workers run configs on the GPU while Helion measures; each
 measurement (``_benchmark_function`` and ``benchmark_isolated``) holds the GPU's exclusive lease

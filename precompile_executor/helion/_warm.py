@@ -203,7 +203,7 @@ anyway (the hash takes 0.3–0.5 s; a stuck one must not stall an autotune)."""
 FALLBACK_TARGET = "cuda:90"
 """The target warmed while this process has no CUDA context to ask (``install()`` before the
 program's imports): Triton's installation hash, the costly part, is the same for every target
-(``benchmarks/fork_cold_probe.py``)."""
+(docs/gpu-runs.md, "Helion, fork mode")."""
 
 WARMS_CALLER = True
 """``False``: :func:`start_caller_warm_up` does nothing — the A/B of it (``helion_bench``'s
@@ -234,7 +234,7 @@ def start_caller_warm_up(target: str | None = None) -> None:
 
     A child forked from a process that never compiled pays Triton's cold start in every
     compile: the hash of Triton's installation (``triton_key``) and the backend's set-up, 0.3–0.5 s
-    per child, about five times a small compile's own time (``benchmarks/fork_cold_probe.py``;
+    per child, about five times a small compile's own time (docs/gpu-runs.md, "Helion, fork mode";
     on the H200, Helion's first batch compiled at 0.58 s a config against native fork's 0.27 s,
     whose baseline had compiled before it forked). Computing one cache key here
     (``triton._prewarm.warm_caller``: no compile, nothing written, no CUDA) makes

@@ -54,10 +54,15 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
             every node is refused, tasks fail with
             :class:`~precompile_executor.ray.NodesRefusedError`. ``False`` for work that does
             not compile Triton kernels.
-        timeout, initializer, initargs, classify, memory_limit: as for
-            :class:`~precompile_executor.PrecompileExecutor`, applied by each node's pool: the
-            timeout counts from the task's start on a node, the initializer runs in each pool
-            worker of each node, ``classify`` on the node (all three must pickle).
+        timeout: as for :class:`~precompile_executor.PrecompileExecutor`, counted from the
+            task's start on its node.
+        initializer: as for :class:`~precompile_executor.PrecompileExecutor`; runs in each pool
+            worker of each node (it must pickle).
+        initargs: the initializer's arguments (they must pickle).
+        classify: as for :class:`~precompile_executor.PrecompileExecutor`; runs on the node (it
+            must pickle).
+        memory_limit: as for :class:`~precompile_executor.PrecompileExecutor`, applied by each
+            node's pool.
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.

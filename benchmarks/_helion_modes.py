@@ -8,8 +8,8 @@
 
 Both count a task's timeout from its start; on timeout they SIGTERM the child's group, wait
 :data:`KILL_GRACE_S`, then SIGKILL the group, as Helion does (compiler grandchildren survive a
-plain kill). ``python -m benchmarks._seed JOBS CACHE_DIR CONFIGS_JSON`` runs the fork mode on a
-compile batch from a parent that imported torch and triton but never compiled, and prints
+plain kill). ``python -m benchmarks._helion_modes JOBS CACHE_DIR CONFIGS_JSON`` runs the fork
+mode on a compile batch from a parent that imported torch and triton but never compiled, and prints
 ``{"wall_s", "failed", "task_s"}`` as one JSON line.
 """
 
@@ -43,7 +43,7 @@ for name in sys.argv[3:]:
     __import__(name)
 with open(sys.argv[1], "rb") as f:
     fn, args = pickle.load(f)
-from benchmarks._seed import run_and_write
+from benchmarks._helion_modes import run_and_write
 run_and_write(fn, args, sys.argv[2])
 """
 
@@ -162,7 +162,7 @@ def _read_result(child: _Child, code: int | None) -> Outcome:
 def _run(
     calls: Sequence[Call], jobs: int, timeout: float | None, start: Callable[[Call, str], _Child]
 ) -> list[Outcome]:
-    scratch = tempfile.mkdtemp(prefix="bench-seed-")
+    scratch = tempfile.mkdtemp(prefix="bench-helion-mode-")
     queue = deque(enumerate(calls))
     running: dict[int, _Child] = {}
     outcomes = [Outcome(False, error="never ran") for _ in calls]
