@@ -217,3 +217,30 @@ def test_another_torch_is_refused_and_nothing_is_patched(
         inductor.install(executor)
     assert not inductor.installed()
     assert _inductor_originals() == originals
+
+
+def _cuda_available() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_gpu_triton_kernels_and_template_choices_compile_on_the_executor(
+    executor: PrecompileExecutor, mode: str
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512)
+    ).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    before = inductor.statistics()
+    with torch.no_grad(), inductor.use(executor):
+        out = torch.compile(model, mode=mode)(x)
+        torch.cuda.synchronize()
+    torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
+    after = inductor.statistics()
+    assert after.triton > before.triton
+    assert after.failed == before.failed
+    if mode == "max-autotune":
+        assert after.template > before.template
