@@ -9,8 +9,10 @@ Dynamo; the executor is shared by the module (its warm template imports torch on
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,36 @@ def test_install_sends_every_threads_compiles_until_uninstall(
     assert _inductor_originals() == originals
 
 
+CPP_CHOICE_SOURCE = """
+extern "C" void double_it(const float* in, float* out) {
+    for (int i = 0; i < 8; ++i) out[i] = 2.0f * in[i];
+}
+"""
+
+
+def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
+    executor: PrecompileExecutor,
+) -> None:
+    # What max-autotune's make_precompile_fn does for a C++ template choice, on a thread of its
+    # own pool (python/cpython#106905 makes Inductor skip that step on this CI's Python 3.11.7,
+    # so the choice is built here as Inductor builds one).
+    from torch._inductor.autotune_process import CppBenchmarkRequest, TensorMeta
+
+    meta = TensorMeta(torch.device("cpu"), torch.float32, (8,), (1,), 0)
+    request = CppBenchmarkRequest("double_it", [meta], [meta], [], CPP_CHOICE_SOURCE)
+    before = inductor.statistics()
+    with inductor.use(executor), ThreadPoolExecutor(1) as threads:
+        threads.submit(request.precompile).result(timeout=WAIT_S)
+    after = inductor.statistics()
+    assert after.template == before.template + 1
+    assert after.cpp == before.cpp and after.failed == before.failed
+    x = torch.arange(8.0)
+    out = torch.empty(8)
+    request.make_run_fn(x, out=out)()  # loads the library the executor built: no build here
+    torch.testing.assert_close(out, 2 * x)
+    assert inductor.statistics() == after
+
+
 def test_a_compile_over_its_memory_limit_fails_naming_memory_and_the_next_compile_works(
     executor: PrecompileExecutor,
 ) -> None:
@@ -223,6 +255,12 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _inductor_precompiles_templates() -> bool:
+    """Inductor skips max-autotune's precompile on Python 3.11.0 to 3.11.8
+    (``make_precompile_fn``; python/cpython#106905): each choice compiles when benchmarked."""
+    return not (sys.version_info[:2] == (3, 11) and sys.version_info.micro <= 8)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", ["default", "max-autotune"])
@@ -242,5 +280,5 @@ def test_gpu_triton_kernels_and_template_choices_compile_on_the_executor(
     after = inductor.statistics()
     assert after.triton > before.triton
     assert after.failed == before.failed
-    if mode == "max-autotune":
+    if mode == "max-autotune" and _inductor_precompiles_templates():
         assert after.template > before.template
