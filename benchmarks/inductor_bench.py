@@ -208,7 +208,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["variant"] == "ours":
             import precompile_executor.inductor as pe_inductor
 
+            entered = time.perf_counter()
             with pe_inductor.use() as executor:
+                record["use_enter_s"] = time.perf_counter() - entered  # version check, patch
                 out = torch.compile(model, mode=spec["mode"])(inputs)
                 sync()
             record["ours"] = {
@@ -461,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     report = _report(records, args.models, args.modes)
+    if "max-autotune" in args.modes and (3, 11, 0) <= sys.version_info[:3] <= (3, 11, 8):
+        report += (
+            "\n\nNote: on Python 3.11.0 to 3.11.8 Inductor skips max-autotune's precompile step"
+            " (python/cpython#106905): template choices compile when first benchmarked."
+        )
     print(report, flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({"stamp": info, "records": records}, indent=1))

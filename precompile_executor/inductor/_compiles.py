@@ -152,6 +152,7 @@ class CompileFuture(Future[Any]):
         return error
 
     def _forget_once(self) -> None:
+        # Two threads reading the failure at once may both call it: forgetting is idempotent.
         forget, self._forget = self._forget, None
         if forget is not None:
             forget()
