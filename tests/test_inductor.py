@@ -21,6 +21,7 @@ import pytest
 
 from precompile_executor import (
     PrecompileExecutor,
+    RemoteError,
     TaskMemoryError,
     TaskTimeoutError,
     WorkerCrashedError,
@@ -183,6 +184,51 @@ def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
     request.make_run_fn(x, out=out)()  # loads the library the executor built: no build here
     torch.testing.assert_close(out, 2 * x)
     assert inductor.statistics() == after
+
+
+TRITON_KERNEL_SOURCE = """
+import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_heuristics
+from torch._inductor.runtime.hints import DeviceProperties
+
+
+@triton_heuristics.pointwise(
+    size_hints={"x": 1024},
+    filename=__file__,
+    triton_meta={
+        "signature": {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+        "device": DeviceProperties(type="cuda", index=0, multi_processor_count=132, cc=90, major=9,
+                                   warp_size=32),
+        "constants": {},
+        "configs": [],
+    },
+    inductor_meta={"kernel_name": "triton_poi_double_0", "backend_hash": "0" * 64},
+)
+@triton.jit
+def triton_poi_double_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2.0, xmask)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test compiles Triton kernels")
+def test_a_triton_kernel_compiles_in_a_worker_and_its_error_keeps_its_type(
+    executor: PrecompileExecutor,
+) -> None:
+    # A kernel as Inductor writes it, for an H100; without a GPU, Triton's driver check fails
+    # inside the compile, so the route is seen by where that error comes from: a worker.
+    from torch._inductor.async_compile import AsyncCompile
+
+    before = inductor.statistics()
+    with inductor.use(executor):
+        kernel = AsyncCompile().triton("triton_poi_double_0", TRITON_KERNEL_SOURCE)
+        with pytest.raises(RuntimeError, match="active GPU backend") as info:
+            kernel.result()
+    assert isinstance(info.value, RemoteError)  # raised in the worker, type kept
+    after = inductor.statistics()
+    assert (after.triton, after.failed) == (before.triton + 1, before.failed + 1)
 
 
 def test_a_compile_over_its_memory_limit_fails_naming_memory_and_the_next_compile_works(
