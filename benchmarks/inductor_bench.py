@@ -27,9 +27,10 @@ they nest: ``_compile.compile_inner`` ⊃ ``OutputGraph.call_user_compiler`` ⊃
 ``ours`` the compiles per kind (``precompile_executor.inductor.statistics()``).
 
 Models: ``gpt2`` — a GPT-2-size decoder (width 768, 12 heads, MLP 3072, vocabulary 50257,
-learned positions, pre-norm blocks of ``nn.MultiheadAttention`` with a causal mask and GELU MLP,
-tied LM head) with ``--layers`` blocks (GPT-2 small has 12; the kernels are the same for every
-block, so fewer blocks mostly saves tracing); ``convnet`` — a ResNet-18-shaped network
+learned positions, pre-norm blocks: fused QKV projection, causal
+``scaled_dot_product_attention``, GELU MLP; tied LM head) with ``--layers`` blocks (GPT-2 small
+has 12; the kernels are the same for every block, so fewer blocks mostly saves tracing);
+``convnet`` — a ResNet-18-shaped network
 (``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels).
 
 Writes one JSON record per process (``--out``) with the machine and versions, and prints a table
@@ -101,7 +102,8 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
             def __init__(self) -> None:
                 super().__init__()
                 self.ln1 = nn.LayerNorm(width)
-                self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+                self.qkv = nn.Linear(width, 3 * width)
+                self.proj = nn.Linear(width, width)
                 self.ln2 = nn.LayerNorm(width)
                 self.mlp = nn.Sequential(
                     nn.Linear(width, 4 * width),
@@ -109,9 +111,12 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
                     nn.Linear(4 * width, width),
                 )
 
-            def forward(self, x: Any, mask: Any) -> Any:
-                h = self.ln1(x)
-                x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            def forward(self, x: Any) -> Any:
+                b, t, c = x.shape
+                q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
+                q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
+                y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
                 return x + self.mlp(self.ln2(x))
 
         class Decoder(nn.Module):
@@ -121,14 +126,11 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
                 self.positions = nn.Embedding(seq, width)
                 self.blocks = nn.ModuleList(Block() for _ in range(spec["layers"]))
                 self.ln = nn.LayerNorm(width)
-                self.register_buffer(
-                    "mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1)
-                )
 
             def forward(self, ids: Any) -> Any:
                 x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
                 for block in self.blocks:
-                    x = block(x, self.mask)
+                    x = block(x)
                 return self.ln(x) @ self.tokens.weight.T  # tied LM head
 
         model: nn.Module = Decoder()

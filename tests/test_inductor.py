@@ -129,6 +129,32 @@ def test_a_use_block_compiles_on_the_executor_with_results_equal_to_eager(
     assert _inductor_originals() == originals
 
 
+def test_inductors_pool_is_the_executor_of_the_innermost_block_then_the_newest(
+    executor: PrecompileExecutor,
+) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    inner = executor.options(timeout=600.0)
+
+    def pool_on_a_fresh_thread() -> Any:
+        with ThreadPoolExecutor(1) as threads:
+            return threads.submit(lambda: AsyncCompile.process_pool().executor).result(WAIT_S)
+
+    with inductor.use(executor):
+        assert AsyncCompile.use_process_pool()  # ready at once: no probe task to wait for
+        assert AsyncCompile.process_pool().executor is executor
+        with inductor.use(inner):
+            assert AsyncCompile.process_pool().executor is inner
+            assert pool_on_a_fresh_thread() is inner  # the newest open block
+        assert AsyncCompile.process_pool().executor is executor
+        inductor.install(inner)
+        try:
+            assert pool_on_a_fresh_thread() is executor  # an open block before the installation
+        finally:
+            inductor.uninstall()
+    assert not inductor.installed()
+
+
 def test_install_sends_every_threads_compiles_until_uninstall(
     executor: PrecompileExecutor,
 ) -> None:
