@@ -323,6 +323,19 @@ def test_another_torch_is_refused_and_nothing_is_patched(
     assert _inductor_originals() == originals
 
 
+def test_a_changed_seam_is_refused_naming_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    def submit(cls: Any, task: Any, priority: int) -> Any:  # a parameter Inductor never had
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(AsyncCompile, "submit", classmethod(submit))
+    with pytest.raises(inductor.UnsupportedTorchError, match=r"AsyncCompile\.submit"):
+        inductor.install()
+    assert not inductor.installed()
+    assert AsyncCompile.__dict__["submit"].__func__ is submit
+
+
 def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
