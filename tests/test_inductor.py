@@ -193,8 +193,8 @@ def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
     executor: PrecompileExecutor,
 ) -> None:
     # What max-autotune's make_precompile_fn does for a C++ template choice, on a thread of its
-    # own pool (python/cpython#106905 makes Inductor skip that step on this CI's Python 3.11.7,
-    # so the choice is built here as Inductor builds one).
+    # own pool. Called directly: Inductor skips that step on Python 3.11.0 to 3.11.8
+    # (python/cpython#106905), and a C++ GEMM template needs freezing and minutes to build.
     from torch._inductor.autotune_process import CppBenchmarkRequest, TensorMeta
 
     meta = TensorMeta(torch.device("cpu"), torch.float32, (8,), (1,), 0)
