@@ -130,3 +130,37 @@ def square_and_log(x: int, log_path: str, delay: float = 0.0) -> int:
     with open(log_path, "a") as f:
         f.write(f"{x}\n")
     return x * x
+
+
+FAULTY_COMPILER_NAME = "faulty-g++"
+"""Named like g++: Inductor picks the flags for a compiler by its name."""
+
+
+def write_faulty_compiler(directory: str, *, marker: str, action: str) -> str:
+    """Write a C++ compiler that is g++, except on a source file containing ``marker``.
+
+    There it does ``action`` to the process that runs it: ``"segfault"`` sends SIGSEGV to its
+    whole process group (an executor's worker is a group leader: the worker dies of it, as a
+    compile aborting inside its own process would), ``"hang"`` sleeps for good. Set it as
+    ``torch._inductor.config.cpp.cxx = (compiler,)``: Inductor then runs it for every C++
+    kernel it builds. It never signals the process group of the test that wrote it (a build in
+    the caller's own process exits with status 1 instead).
+    """
+    act = {"segfault": "kill -s SEGV 0; sleep 60", "hang": "exec sleep 1000"}[action]
+    script = f"""#!/bin/sh
+for arg in "$@"; do
+  case "$arg" in
+    *.cpp)
+      if grep -q '{marker}' "$arg" 2>/dev/null; then
+        if [ "$(ps -o pgid= -p $$ | tr -d ' ')" = "{os.getpgid(0)}" ]; then exit 1; fi
+        {act}
+      fi;;
+  esac
+done
+exec g++ "$@"
+"""
+    path = os.path.join(directory, FAULTY_COMPILER_NAME)
+    with open(path, "w") as f:
+        f.write(script)
+    os.chmod(path, 0o755)
+    return path

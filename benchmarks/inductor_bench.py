@@ -1,0 +1,480 @@
+"""Cold-cache ``torch.compile``: Inductor's own compile pool vs ``precompile_executor.inductor``.
+
+    python -m benchmarks.inductor_bench [--models gpt2,convnet] [--modes default,max-autotune]
+        [--rounds 3] [--layers 2] [--seq 256] [--batch 4] [--image 224] [--cnn-batch 16]
+        [--process-timeout 600] [--out FILE.json]
+    python -m benchmarks.inductor_bench --smoke          # CPU, tiny sizes, one round
+
+Every measurement is one fresh interpreter with empty Inductor and Triton caches (its own
+``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``) that builds a model from ``torch.nn`` (no
+downloaded weights), runs it eagerly, compiles it with ``torch.compile(model, mode=...)`` and
+calls it once (inference, ``torch.no_grad()``), then compares the output with eager's. Variants:
+
+* ``stock`` — Inductor as it is: its compile pool (a sidecar process and its workers) for Triton
+  kernels, threads in the process for C++ kernels and max-autotune's template precompiles;
+* ``ours`` — the same program with the compile and first call inside
+  ``precompile_executor.inductor.use()`` (the shared default executor: Inductor's worker count,
+  its warm-up started by ``use()``, in the clock).
+
+Rounds are interleaved (every model, mode and variant once, then again), and the figures are the
+medians over rounds. Reported per process: the whole-process wall (interpreter start to exit, as
+the parent sees it), the compile and first call (our timer, synchronised), and where the time
+went by torch's own timers (``torch._dynamo.utils.compilation_time_metrics``, summed per name;
+they nest: ``_compile.compile_inner`` ⊃ ``OutputGraph.call_user_compiler`` ⊃
+``compile_fx_inner`` ⊃ {``GraphLowering.run``, ``GraphLowering.codegen``,
+``async_compile.wait``}; max-autotune's ``*_template_precompiling`` and
+``*_template_autotuning`` (benchmarking) run inside lowering), Inductor's counters, and for
+``ours`` the compiles per kind (``precompile_executor.inductor.statistics()``).
+
+Models: ``gpt2`` — a GPT-2-size decoder (width 768, 12 heads, MLP 3072, vocabulary 50257,
+learned positions, pre-norm blocks: fused QKV projection, causal
+``scaled_dot_product_attention``, GELU MLP; tied LM head) with ``--layers`` blocks (GPT-2 small
+has 12; the kernels are the same for every block, so fewer blocks mostly saves tracing);
+``convnet`` — a ResNet-18-shaped network
+(``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels).
+
+Writes one JSON record per process (``--out``) with the machine and versions, and prints a table
+per model and mode. ``--smoke`` runs a tiny decoder on the CPU (C++ kernels), default mode, one
+round: what ``tests/test_inductor_bench.py`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROCESS_START = time.time()  # before torch is imported: the child's own view of its start
+
+MODELS = ("gpt2", "convnet")
+MODES = ("default", "max-autotune")
+VARIANTS = ("stock", "ours")
+RESULT_MARK = "INDUCTOR_BENCH_RESULT "
+"""Prefix of the one stdout line that carries a child's JSON record."""
+CORRECT_REL_ERR = 1e-2
+"""Largest error, relative to eager's largest magnitude, that counts as equal: fp32 kernels
+reordering their sums stay far below it (about 1e-5); a wrong kernel is far above it."""
+
+TIMERS = (
+    ("_compile.compile_inner", "dynamo total"),
+    ("OutputGraph.call_user_compiler", "aot+inductor"),
+    ("compile_fx_inner", "inductor"),
+    ("GraphLowering.run", "lowering"),
+    ("GraphLowering.codegen", "codegen"),
+    ("async_compile.wait", "wait on compiles"),
+    ("*_template_precompiling", "template precompile"),
+    ("*_template_autotuning", "template benchmark"),
+)
+"""torch's timers reported (name, or ``*suffix`` summed over every name with that suffix)."""
+
+COUNTERS = (
+    "async_compile_cache_miss",
+    "select_algorithm_precompile",
+    "select_algorithm_num_precompiles",
+    "select_algorithm_num_precompilation_exceptions",
+)
+
+
+# -- the models ----------------------------------------------------------------------------------
+
+
+def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """Return (model in eval mode on the device, input) for ``spec``."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    device = spec["device"]
+    if spec["model"] == "gpt2":
+        width, heads, vocab = spec["width"], spec["heads"], spec["vocab"]
+        seq, batch = spec["seq"], spec["batch"]
+
+        class Block(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ln1 = nn.LayerNorm(width)
+                self.qkv = nn.Linear(width, 3 * width)
+                self.proj = nn.Linear(width, width)
+                self.ln2 = nn.LayerNorm(width)
+                self.mlp = nn.Sequential(
+                    nn.Linear(width, 4 * width),
+                    nn.GELU(approximate="tanh"),
+                    nn.Linear(4 * width, width),
+                )
+
+            def forward(self, x: Any) -> Any:
+                b, t, c = x.shape
+                q, k, v = self.qkv(self.ln1(x)).split(width, dim=2)
+                q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in (q, k, v))
+                y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+                return x + self.mlp(self.ln2(x))
+
+        class Decoder(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tokens = nn.Embedding(vocab, width)
+                self.positions = nn.Embedding(seq, width)
+                self.blocks = nn.ModuleList(Block() for _ in range(spec["layers"]))
+                self.ln = nn.LayerNorm(width)
+
+            def forward(self, ids: Any) -> Any:
+                x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
+                for block in self.blocks:
+                    x = block(x)
+                return self.ln(x) @ self.tokens.weight.T  # tied LM head
+
+        model: nn.Module = Decoder()
+        inputs = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+    else:
+
+        class Basic(nn.Module):
+            def __init__(self, cin: int, cout: int, stride: int) -> None:
+                super().__init__()
+                self.body = nn.Sequential(
+                    nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                    nn.BatchNorm2d(cout),
+                    nn.ReLU(),
+                    nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                    nn.BatchNorm2d(cout),
+                )
+                self.skip = (
+                    nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                    if stride != 1 or cin != cout
+                    else nn.Identity()
+                )
+
+            def forward(self, x: Any) -> Any:
+                return torch.relu(self.body(x) + self.skip(x))
+
+        widths = spec["channels"]
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, widths[0], 7, 2, 3, bias=False),
+            nn.BatchNorm2d(widths[0]),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+        cin = widths[0]
+        for i, cout in enumerate(widths):
+            stride = 1 if i == 0 else 2
+            layers += [Basic(cin, cout, stride), Basic(cout, cout, 1)]
+            cin = cout
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+        model = nn.Sequential(*layers)
+        size = spec["image"]
+        inputs = torch.randn(
+            spec["cnn_batch"], 3, size, size, generator=torch.Generator().manual_seed(1)
+        )
+    return model.to(device).eval(), inputs.to(device)
+
+
+# -- one process ------------------------------------------------------------------------------
+
+
+def _timer_sums() -> dict[str, float]:
+    from torch._dynamo import utils
+
+    metrics: dict[str, list[float]] = getattr(utils, "compilation_time_metrics", {})
+    sums = {}
+    for name, _ in TIMERS:
+        if name.startswith("*"):
+            sums[name] = sum(sum(v) for k, v in metrics.items() if k.endswith(name[1:]))
+        else:
+            sums[name] = sum(metrics.get(name, ()))
+    return sums
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Compile and check one model in this (fresh) process; return its record."""
+    started = time.perf_counter()
+    import torch
+
+    imported = time.perf_counter()
+    sync = torch.cuda.synchronize if spec["device"] == "cuda" else (lambda: None)
+    model, inputs = _build(spec)
+    with torch.no_grad():
+        eager = model(inputs)
+    sync()
+    built = time.perf_counter()
+    record: dict[str, Any] = {"spec": spec}
+    with torch.no_grad():
+        if spec["variant"] == "ours":
+            import precompile_executor.inductor as pe_inductor
+
+            entered = time.perf_counter()
+            with pe_inductor.use() as executor:
+                record["use_enter_s"] = time.perf_counter() - entered  # version check, patch
+                out = torch.compile(model, mode=spec["mode"])(inputs)
+                sync()
+            record["ours"] = {
+                "compiles": vars(pe_inductor.statistics()),
+                "executor": {
+                    k: getattr(executor.statistics(), k, None)
+                    for k in ("completed", "failed", "crashed", "timed_out", "start")
+                },
+                "workers_alive": getattr(executor.statistics(), "workers_alive", None),
+            }
+        else:
+            out = torch.compile(model, mode=spec["mode"])(inputs)
+            sync()
+    compiled = time.perf_counter()
+    scale = float(eager.abs().max()) or 1.0
+    error = float((out.float() - eager.float()).abs().max()) / scale
+    from torch._dynamo.utils import counters
+
+    record |= {
+        "import_torch_s": imported - started,
+        "build_and_eager_s": built - imported,
+        "compile_and_first_call_s": compiled - built,
+        "since_process_start_s": time.time() - PROCESS_START,
+        "rel_error": error,
+        "equal": error <= CORRECT_REL_ERR,
+        "timers_s": _timer_sums(),
+        "counters": {k: int(counters["inductor"].get(k, 0)) for k in COUNTERS},
+    }
+    return record
+
+
+def _run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter with empty caches; return its record."""
+    cache = tempfile.mkdtemp(prefix="inductor-bench-")
+    env = dict(os.environ)
+    env |= {
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parent.parent)]
+            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        ),
+    }
+    command = [sys.executable, "-m", "benchmarks.inductor_bench", "--child", json.dumps(spec)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group: a run past its time goes with all it started
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=30)
+        timed_out = True
+    wall = time.perf_counter() - start
+    shutil.rmtree(cache, ignore_errors=True)
+    lines = [ln for ln in output.splitlines() if ln.startswith(RESULT_MARK)]
+    if lines and not timed_out:
+        record: dict[str, Any] = json.loads(lines[-1][len(RESULT_MARK) :])
+        record |= {"ok": True, "process_wall_s": wall, "returncode": proc.returncode}
+        return record
+    return {
+        "spec": spec,
+        "ok": False,
+        "process_wall_s": wall,
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "output_tail": output[-4000:],
+    }
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+
+def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    device = "cpu" if args.smoke else "cuda"
+    sizes: dict[str, Any] = {
+        "device": device,
+        "layers": args.layers,
+        "width": 64 if args.smoke else 768,
+        "heads": 4 if args.smoke else 12,
+        "vocab": 256 if args.smoke else 50257,
+        "seq": args.seq,
+        "batch": args.batch,
+        "image": args.image,
+        "cnn_batch": args.cnn_batch,
+        "channels": [8, 16] if args.smoke else [64, 128, 256, 512],
+    }
+    return [
+        {"model": model, "mode": mode, "variant": variant, **sizes}
+        for model in args.models
+        for mode in args.modes
+        for variant in args.variants
+    ]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{_median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def _report(records: list[dict[str, Any]], models: list[str], modes: list[str]) -> str:
+    lines = []
+    for model in models:
+        for mode in modes:
+            rows = {
+                v: [
+                    r
+                    for r in records
+                    if r["spec"]["model"] == model
+                    and r["spec"]["mode"] == mode
+                    and r["spec"]["variant"] == v
+                ]
+                for v in VARIANTS
+            }
+            if not any(rows.values()):
+                continue
+            lines.append(f"\n## {model}, mode={mode}\n")
+            header = ["variant", "ok", "process wall s", "compile+1st call s", "import torch s"]
+            header += [label + " s" for _, label in TIMERS]
+            header += [
+                "equal to eager (max rel err)",
+                "compiles on executor (cpp/triton/template/failed)",
+            ]
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            for variant, runs in rows.items():
+                if not runs:
+                    continue
+                good = [r for r in runs if r["ok"]]
+                cells = [
+                    variant,
+                    f"{len(good)}/{len(runs)}",
+                    _spread([r["process_wall_s"] for r in good]),
+                    _spread([r["compile_and_first_call_s"] for r in good]),
+                    _spread([r["import_torch_s"] for r in good]),
+                ]
+                cells += [_spread([r["timers_s"][name] for r in good]) for name, _ in TIMERS]
+                errors = [r["rel_error"] for r in good]
+                cells.append(
+                    f"{all(r['equal'] for r in good) and bool(good)} ({max(errors):.1e})"
+                    if errors
+                    else "—"
+                )
+                counts = [r["ours"]["compiles"] for r in good if "ours" in r]
+                cells.append(
+                    "/".join(
+                        str(int(_median([c[k] for c in counts])))
+                        for k in ("cpp", "triton", "template", "failed")
+                    )
+                    if counts
+                    else "—"
+                )
+                lines.append("| " + " | ".join(cells) + " |")
+            stock = [r["process_wall_s"] for r in rows["stock"] if r["ok"]]
+            ours = [r["process_wall_s"] for r in rows["ours"] if r["ok"]]
+            if stock and ours:
+                lines.append(
+                    f"\nwhole-process wall, medians: stock {_median(stock):.2f} s, ours "
+                    f"{_median(ours):.2f} s: **{_median(stock) / _median(ours):.2f}×**"
+                )
+            for variant, runs in rows.items():
+                for r in runs:
+                    if not r["ok"]:
+                        lines.append(
+                            f"\n{variant} failed (returncode {r['returncode']}, timed out: "
+                            f"{r.get('timed_out')}):\n```\n{r['output_tail'][-1500:]}\n```"
+                        )
+    return "\n".join(lines)
+
+
+def _stamp(command: str) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks._common import stamp, usable_cores
+
+    info: dict[str, Any] = stamp(usable_cores(), command)
+    # nvidia-smi rather than torch: the driver process stays without a CUDA context.
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    try:
+        info["gpu"] = subprocess.run(
+            query, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["gpu"] = "none found"
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, one round")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=2, help="decoder blocks (GPT-2 small: 12)")
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--image", type=int, default=224)
+    parser.add_argument("--cnn-batch", type=int, default=16)
+    parser.add_argument("--process-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, help="write the records and the stamp as JSON")
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        record = child(json.loads(args.child))
+        print(RESULT_MARK + json.dumps(record), flush=True)
+        return 0
+    args.models = [m for m in args.models.split(",") if m]
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.variants = [v for v in args.variants.split(",") if v]
+    if args.smoke:
+        args.models, args.modes, args.rounds = ["gpt2"], ["default"], 1
+        args.layers, args.seq, args.batch = 1, 16, 2
+    for name, given, allowed in (
+        ("--models", args.models, MODELS),
+        ("--modes", args.modes, MODES),
+        ("--variants", args.variants, VARIANTS),
+    ):
+        unknown = [g for g in given if g not in allowed]
+        if unknown or not given:
+            parser.error(f"{name} takes a comma-separated subset of {','.join(allowed)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    command = " ".join(["python -m benchmarks.inductor_bench", *(argv or sys.argv[1:])])
+    info = _stamp(command)
+    print(json.dumps(info, indent=1), flush=True)
+    specs = _specs(args)
+    records = []
+    for round_ in range(args.rounds):
+        for spec in specs:  # interleaved: every model, mode and variant once per round
+            spec = {**spec, "round": round_}
+            record = _run_child(spec, args.process_timeout)
+            records.append(record)
+            print(
+                f"round {round_ + 1}/{args.rounds} {spec['model']} {spec['mode']} "
+                f"{spec['variant']}: ok={record['ok']} wall {record['process_wall_s']:.2f} s",
+                flush=True,
+            )
+    report = _report(records, args.models, args.modes)
+    if "max-autotune" in args.modes and (3, 11, 0) <= sys.version_info[:3] <= (3, 11, 8):
+        report += (
+            "\n\nNote: on Python 3.11.0 to 3.11.8 Inductor skips max-autotune's precompile step"
+            " (python/cpython#106905): template choices compile when first benchmarked."
+        )
+    print(report, flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps({"stamp": info, "records": records}, indent=1))
+    return 0 if all(r["ok"] and r["equal"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

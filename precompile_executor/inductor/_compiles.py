@@ -1,0 +1,320 @@
+"""What runs in place of Inductor's compile pool while an ``inductor`` scope is open.
+
+Inductor hands every compile it runs in the background to one of two places, both on
+``torch._inductor.async_compile.AsyncCompile``:
+
+* ``process_pool().submit(_worker_compile_triton, load_kernel, extra_env, extra_config)`` for a
+  Triton kernel — and, from ``AlgorithmSelectorCache.make_precompile_fn``, for each Triton
+  template choice max-autotune will benchmark — once ``use_process_pool()`` says the pool is
+  ready (stock: only after a first no-op task came back, so the first kernels compile in the
+  caller);
+* ``submit(task)``, a thread pool in the caller, for everything else; for a C++ kernel the task
+  is ``functools.partial(_worker_compile_cpp, lock_path, builders)``, which runs the compiler
+  and leaves the library on disk for the caller's ``load_fn`` to load.
+
+:class:`Routes` holds the replacements ``_seam`` installs: ``use_process_pool`` is true at once,
+``process_pool`` is a small adapter (:class:`ExecutorPool`) that sends the task to the executor
+in scope, ``submit`` sends C++ builds there and leaves every other task to Inductor's threads,
+``make_precompile_fn`` marks the compiles it submits as template precompiles, and
+``CppBenchmarkRequest.precompile`` (max-autotune's C++ template choices, built in a thread of
+the caller by stock) builds through the same C++ route. Each task is Inductor's own function and
+arguments; its result comes back pickled, as from Inductor's own pool, and lands where Inductor
+puts it (its code caches, ``CompiledTritonKernels``, the kernel objects).
+
+A compile that the *executor* failed — its worker crashed, it ran past the timeout or past the
+memory limit — reaches Inductor as that error (``WorkerCrashedError``, ``TaskTimeoutError``,
+``TaskMemoryError``) where Inductor reads the task's result, and Inductor reports it as it
+reports any compile error. So that compiling the same code again compiles it afresh rather than
+re-raising the cached failure, :class:`CompileFuture` forgets the failed entry in Inductor's
+in-memory cache, and a C++ build's partial outputs, at the moment Inductor reads the failure.
+
+Threads: the replacements run on whichever thread Inductor calls them from (the compiling
+thread; for C++ templates, the threads of max-autotune's precompile pool). :data:`COUNTS` is
+guarded by its own lock. ``CompileFuture`` copies the executor future's outcome on the thread
+that settles it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future
+from typing import Any, Final
+
+from .. import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
+
+KINDS: Final = ("cpp", "triton", "template", "other")
+"""What a compile sent to the executor was: a C++ kernel, a Triton kernel, a max-autotune
+template choice (Triton or C++), or another Inductor pool task (CuteDSL and similar)."""
+
+FAULTS: Final = (WorkerCrashedError, TaskTimeoutError, TaskMemoryError)
+"""Failures that are the executor's verdict on the process, not the compiler's on the code."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorStatistics:
+    """How many of Inductor's compiles ran on an executor, in this process, since it started.
+
+    Attributes:
+        cpp: C++ kernel builds (``AsyncCompile.cpp`` / ``cpp_pybinding``).
+        triton: Triton kernel compiles (``AsyncCompile.triton``).
+        template: max-autotune's precompiles of template choices (Triton or C++).
+        other: other tasks of Inductor's process pool (CuteDSL and similar kernels).
+        failed: of all of these, how many failed (a compile error or a fault).
+    """
+
+    cpp: int = 0
+    triton: int = 0
+    template: int = 0
+    other: int = 0
+    failed: int = 0
+
+    @property
+    def total(self) -> int:
+        """All compiles that ran on an executor."""
+        return self.cpp + self.triton + self.template + self.other
+
+
+class Counts:
+    """The process's compile counts (one instance, :data:`COUNTS`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent = dict.fromkeys(KINDS, 0)
+        self._failed = 0
+
+    def sent(self, kind: str) -> None:
+        """Count one compile of ``kind`` sent to an executor."""
+        with self._lock:
+            self._sent[kind] += 1
+
+    def failed(self) -> None:
+        """Count one compile that failed."""
+        with self._lock:
+            self._failed += 1
+
+    def snapshot(self) -> InductorStatistics:
+        """Return the counts so far."""
+        with self._lock:
+            return InductorStatistics(**self._sent, failed=self._failed)
+
+
+COUNTS: Final = Counts()
+
+_in_template_precompile: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "precompile_executor_inductor_template", default=False
+)
+
+
+class CompileFuture(Future[Any]):
+    """The future Inductor holds for one compile on the executor: the executor's outcome, and on
+    a fault, ``forget`` called (once) when Inductor reads it.
+
+    ``cancel()`` cancels the executor's task (a compile still queued does not run).
+    """
+
+    def __init__(self, inner: Future[Any], forget: Callable[[], None]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._forget: Callable[[], None] | None = forget
+        inner.add_done_callback(self._copy)
+
+    def _copy(self, inner: Future[Any]) -> None:
+        if inner.cancelled():
+            super().cancel()
+            self.set_running_or_notify_cancel()
+            return
+        error = inner.exception()
+        if error is None:
+            self.set_result(inner.result())
+        else:
+            COUNTS.failed()
+            self.set_exception(error)
+
+    def cancel(self) -> bool:
+        return self._inner.cancel()
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except FAULTS:
+            self._forget_once()
+            raise
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        if isinstance(error, FAULTS):
+            self._forget_once()
+        return error
+
+    def _forget_once(self) -> None:
+        # Two threads reading the failure at once may both call it: forgetting is idempotent.
+        forget, self._forget = self._forget, None
+        if forget is not None:
+            forget()
+
+
+def _ready() -> Future[Any]:
+    done: Future[Any] = Future()
+    done.set_result("ready")
+    return done
+
+
+class ExecutorPool:
+    """What ``AsyncCompile.process_pool()`` returns in scope: a pool that sends to ``executor``.
+
+    Inductor calls only ``submit(fn, *args)`` on it (and ``shutdown`` at exit, through its pool
+    registry, which this pool never enters).
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Send ``fn(*args, **kwargs)`` to the executor (Inductor's readiness probe: done now)."""
+        from torch._inductor.async_compile import AsyncCompile
+        from torch._inductor.runtime.compile_tasks import _worker_compile_triton
+
+        if fn is AsyncCompile._get_ready:
+            return _ready()
+        forget: Callable[[], None] = _nothing
+        if fn is _worker_compile_triton:
+            kind = "template" if _in_template_precompile.get() else "triton"
+            forget = functools.partial(_forget_triton, _triton_source(args[0]))
+        else:
+            kind = "other"
+        COUNTS.sent(kind)
+        return CompileFuture(self.executor.submit(fn, *args, **kwargs), forget)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing: the executor is the caller's (or the shared default), not Inductor's."""
+
+
+def _nothing() -> None:
+    pass
+
+
+def _triton_source(load_kernel: Any) -> str | None:
+    """The kernel source of ``functools.partial(_load_triton_kernel_from_source, name, src)``."""
+    args: tuple[Any, ...] = getattr(load_kernel, "args", ())
+    return args[1] if len(args) == 2 and isinstance(args[1], str) else None
+
+
+def _forget_triton(source: str | None) -> None:
+    from torch._inductor.async_compile import CompiledTritonKernels
+
+    if source is not None:
+        CompiledTritonKernels.remove_future(source)
+
+
+def _forget_cpp(task: functools.partial[Any]) -> None:
+    """Forget a failed C++ build: its ``load_fn`` in the code caches and its partial outputs.
+
+    The caches are keyed by the hash of the code and its command lines, which is the lock
+    file's name (``CppCodeCache.load_async``); while a key is cached no second build of it
+    starts, so the entry under it is this build's.
+    """
+    from torch._inductor import codecache
+
+    lock_path, builders = task.args[0], task.args[1]
+    key = os.path.basename(lock_path).removesuffix(".lock")
+    for cache in _cpp_caches(codecache):
+        cache.pop(key, None)
+    # A build killed mid-write can leave a truncated library or object behind, and
+    # load_async skips a build whose output exists.
+    for builder in builders:
+        try:
+            os.unlink(builder.get_target_file_path())
+        except FileNotFoundError:
+            pass
+
+
+def _cpp_caches(codecache: Any) -> list[dict[str, Any]]:
+    caches: list[dict[str, Any]] = []
+    for name in ("CppCodeCache", "CppPythonBindingsCodeCache", "CppWrapperCodeCache"):
+        cache = getattr(getattr(codecache, name, None), "cache", None)
+        if isinstance(cache, dict) and not any(cache is c for c in caches):
+            caches.append(cache)
+    return caches
+
+
+class Routes:
+    """The replacements ``_seam`` installs, sending to whichever executor ``executor_now()``
+    returns (``None``: no scope is open, so Inductor's originals run).
+
+    Args:
+        executor_now: the executor for a compile starting now, on this thread.
+        originals: Inductor's functions as found (``process_pool``, ``use_process_pool``,
+            ``submit``, ``make_precompile_fn``, ``cpp_precompile``; the functions under the
+            static- and classmethods), to fall back to.
+    """
+
+    def __init__(
+        self, executor_now: Callable[[], Executor | None], originals: Mapping[str, Any]
+    ) -> None:
+        self._executor_now = executor_now
+        self._originals = dict(originals)
+
+    def process_pool(self) -> Any:
+        """``AsyncCompile.process_pool()``: a pool on the executor in scope."""
+        executor = self._executor_now()
+        if executor is None:
+            return self._originals["process_pool"]()
+        return ExecutorPool(executor)
+
+    def use_process_pool(self, cls: Any) -> bool:
+        """``AsyncCompile.use_process_pool()``: ready at once, unless Inductor compiles in the
+        caller on purpose (``compile_threads`` 1, or Proton profiling)."""
+        if self._executor_now() is None:
+            return bool(self._originals["use_process_pool"](cls))
+        from torch._inductor import async_compile, config
+
+        if async_compile.get_compile_threads() <= 1:
+            return False
+        return not getattr(config.triton, "proton_profiling", False)
+
+    def submit(self, cls: Any, task: Callable[..., Any]) -> Any:
+        """``AsyncCompile.submit(task)``: a C++ build goes to the executor; any other task to
+        Inductor's thread pool."""
+        executor = self._executor_now()
+        if executor is not None and _is_cpp_build(task):
+            return self.submit_cpp(executor, task, "cpp")
+        return self._originals["submit"](cls, task)
+
+    @staticmethod
+    def submit_cpp(executor: Executor, task: Any, kind: str) -> CompileFuture:
+        """Send one C++ build (``partial(_worker_compile_cpp, ...)``) to ``executor``."""
+        COUNTS.sent(kind)
+        return CompileFuture(executor.submit(task), functools.partial(_forget_cpp, task))
+
+    def make_precompile_fn(self, selector: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """``AlgorithmSelectorCache.make_precompile_fn``: Inductor's, with the Triton compiles it
+        submits counted as template precompiles."""
+        token = _in_template_precompile.set(True)
+        try:
+            return self._originals["make_precompile_fn"](selector, *args, **kwargs)
+        finally:
+            _in_template_precompile.reset(token)
+
+    def cpp_precompile(self, request: Any) -> None:
+        """``CppBenchmarkRequest.precompile``: stock builds the choice with
+        ``CppCodeCache.load`` in a thread of the caller; here the same ``load_async`` sends the
+        build to the executor and this thread loads the library once it is on disk."""
+        executor = self._executor_now()
+        if executor is None:
+            self._originals["cpp_precompile"](request)
+            return
+        from torch._inductor.codecache import CppCodeCache
+
+        submit = functools.partial(self.submit_cpp, executor, kind="template")
+        CppCodeCache.load_async(request.source_code, device_type="cpu", submit_fn=submit)()
+
+
+def _is_cpp_build(task: Any) -> bool:
+    from torch._inductor.codecache import _worker_compile_cpp
+
+    return isinstance(task, functools.partial) and task.func is _worker_compile_cpp

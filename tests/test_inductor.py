@@ -1,0 +1,369 @@
+"""``precompile_executor.inductor``: ``torch.compile``'s compiles as tasks on the executor.
+
+On CPU, Inductor builds each pointwise kernel as a C++ library; these tests compile small
+models whose one kernel carries a constant of their choice, so a test can tell that kernel's
+build apart (and make it crash or hang through the compiler, ``crashers.write_faulty_compiler``).
+Each test gets fresh Inductor caches (``fresh_inductor_cache`` in its tmp dir) and a reset
+Dynamo; the executor is shared by the module (its warm template imports torch once).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import crashers
+import pytest
+
+from precompile_executor import (
+    PrecompileExecutor,
+    RemoteError,
+    TaskMemoryError,
+    TaskTimeoutError,
+    WorkerCrashedError,
+)
+
+torch = pytest.importorskip("torch")
+
+import precompile_executor.inductor as inductor  # noqa: E402
+from precompile_executor.inductor import _seam  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+WAIT_S = 300.0
+"""Longest a test waits for a thread that compiles (a C++ build on a busy 2-core machine)."""
+
+HANG_TIMEOUT_S = 5.0
+"""The executor's timeout for the compile that hangs (the only compile under it)."""
+
+TINY_MEMORY_LIMIT_BYTES = 16 << 20
+"""Far below what the C++ compiler needs for any kernel."""
+
+
+class Scaled(torch.nn.Module):
+    """A linear layer, then one pointwise kernel holding ``scale`` as a literal."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x: Any) -> Any:
+        return torch.relu(self.linear(x)) * self.scale
+
+
+def _inputs() -> Any:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _compile_and_check(model: torch.nn.Module) -> None:
+    x = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model)(x), model(x))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in found:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[PrecompileExecutor]:
+    ex = PrecompileExecutor(2, initializer=inductor.import_inductor)
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_inductor(tmp_path: Path) -> Iterator[None]:
+    from torch._inductor.utils import fresh_inductor_cache
+
+    torch._dynamo.reset()
+    try:
+        with fresh_inductor_cache(dir=str(tmp_path)):
+            yield
+    finally:
+        _seam.SCOPE.reset()
+        torch._dynamo.reset()
+
+
+def _inductor_originals() -> dict[str, Any]:
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    return {
+        "process_pool": AsyncCompile.__dict__["process_pool"],
+        "use_process_pool": AsyncCompile.__dict__["use_process_pool"],
+        "submit": AsyncCompile.__dict__["submit"],
+        "make_precompile_fn": AlgorithmSelectorCache.__dict__["make_precompile_fn"],
+    }
+
+
+def test_a_use_block_compiles_on_the_executor_with_results_equal_to_eager(
+    executor: PrecompileExecutor,
+) -> None:
+    originals = _inductor_originals()
+    before = inductor.statistics()
+    completed_before = executor.statistics().completed
+    assert not inductor.installed()
+    with inductor.use(executor) as used:
+        assert used is executor
+        assert inductor.installed()
+        _compile_and_check(Scaled(1.5))
+    after = inductor.statistics()
+    assert after.cpp > before.cpp
+    assert after.failed == before.failed
+    assert executor.statistics().completed - completed_before == after.total - before.total
+    assert not inductor.installed()
+    assert _inductor_originals() == originals
+
+
+def test_inductors_pool_is_the_executor_of_the_innermost_block_then_the_newest(
+    executor: PrecompileExecutor,
+) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    inner = executor.options(timeout=600.0)
+
+    def pool_on_a_fresh_thread() -> Any:
+        with ThreadPoolExecutor(1) as threads:
+            return threads.submit(lambda: AsyncCompile.process_pool().executor).result(WAIT_S)
+
+    with inductor.use(executor):
+        assert AsyncCompile.use_process_pool()  # ready at once: no probe task to wait for
+        assert AsyncCompile.process_pool().executor is executor
+        with inductor.use(inner):
+            assert AsyncCompile.process_pool().executor is inner
+            assert pool_on_a_fresh_thread() is inner  # the newest open block
+        assert AsyncCompile.process_pool().executor is executor
+        inductor.install(inner)
+        try:
+            assert pool_on_a_fresh_thread() is executor  # an open block before the installation
+        finally:
+            inductor.uninstall()
+    assert not inductor.installed()
+
+
+def test_install_sends_every_threads_compiles_until_uninstall(
+    executor: PrecompileExecutor,
+) -> None:
+    originals = _inductor_originals()
+    before = inductor.statistics()
+    inductor.install(executor)
+    try:
+        errors: list[BaseException] = []
+
+        def compile_here() -> None:
+            try:
+                _compile_and_check(Scaled(2.5))
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=compile_here)
+        thread.start()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert errors == []
+        assert inductor.statistics().cpp > before.cpp
+    finally:
+        inductor.uninstall()
+    assert not inductor.installed()
+    assert _inductor_originals() == originals
+
+
+CPP_CHOICE_SOURCE = """
+extern "C" void double_it(const float* in, float* out) {
+    for (int i = 0; i < 8; ++i) out[i] = 2.0f * in[i];
+}
+"""
+
+
+def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
+    executor: PrecompileExecutor,
+) -> None:
+    # What max-autotune's make_precompile_fn does for a C++ template choice, on a thread of its
+    # own pool. Called directly: Inductor skips that step on Python 3.11.0 to 3.11.8
+    # (python/cpython#106905), and a C++ GEMM template needs freezing and minutes to build.
+    from torch._inductor.autotune_process import CppBenchmarkRequest, TensorMeta
+
+    meta = TensorMeta(torch.device("cpu"), torch.float32, (8,), (1,), 0)
+    request = CppBenchmarkRequest("double_it", [meta], [meta], [], CPP_CHOICE_SOURCE)
+    before = inductor.statistics()
+    with inductor.use(executor), ThreadPoolExecutor(1) as threads:
+        threads.submit(request.precompile).result(timeout=WAIT_S)
+    after = inductor.statistics()
+    assert after.template == before.template + 1
+    assert after.cpp == before.cpp and after.failed == before.failed
+    x = torch.arange(8.0)
+    out = torch.empty(8)
+    request.make_run_fn(x, out=out)()  # loads the library the executor built: no build here
+    torch.testing.assert_close(out, 2 * x)
+    assert inductor.statistics() == after
+
+
+TRITON_KERNEL_SOURCE = """
+import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_heuristics
+from torch._inductor.runtime.hints import DeviceProperties
+
+
+@triton_heuristics.pointwise(
+    size_hints={"x": 1024},
+    filename=__file__,
+    triton_meta={
+        "signature": {"in_ptr0": "*fp32", "out_ptr0": "*fp32", "xnumel": "i32", "XBLOCK": "constexpr"},
+        "device": DeviceProperties(type="cuda", index=0, multi_processor_count=132, cc=90, major=9,
+                                   warp_size=32),
+        "constants": {},
+        "configs": [],
+    },
+    inductor_meta={"kernel_name": "triton_poi_double_0", "backend_hash": "0" * 64},
+)
+@triton.jit
+def triton_poi_double_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    tl.store(out_ptr0 + xindex, tl.load(in_ptr0 + xindex, xmask) * 2.0, xmask)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test compiles Triton kernels")
+def test_a_triton_kernel_compiles_in_a_worker_and_its_error_keeps_its_type(
+    executor: PrecompileExecutor,
+) -> None:
+    # A kernel as Inductor writes it, for an H100; without a GPU, Triton's driver check fails
+    # inside the compile, so the route is seen by where that error comes from: a worker.
+    from torch._inductor.async_compile import AsyncCompile
+
+    before = inductor.statistics()
+    with inductor.use(executor):
+        kernel = AsyncCompile().triton("triton_poi_double_0", TRITON_KERNEL_SOURCE)
+        with pytest.raises(RuntimeError, match="active GPU backend") as info:
+            kernel.result()
+    assert isinstance(info.value, RemoteError)  # raised in the worker, type kept
+    after = inductor.statistics()
+    assert (after.triton, after.failed) == (before.triton + 1, before.failed + 1)
+
+
+def test_a_compile_over_its_memory_limit_fails_naming_memory_and_the_next_compile_works(
+    executor: PrecompileExecutor,
+) -> None:
+    model = Scaled(3.5)
+    failed_before = inductor.statistics().failed
+    with inductor.use(executor.options(memory_limit=TINY_MEMORY_LIMIT_BYTES)):
+        with pytest.raises(Exception) as info:
+            _compile_and_check(model)
+    errors = [e for e in _chain(info.value) if isinstance(e, TaskMemoryError)]
+    assert errors, f"no TaskMemoryError in {_chain(info.value)!r}"
+    assert "memory" in str(info.value)
+    assert inductor.statistics().failed > failed_before
+
+    # The same code again: Inductor's caches forgot the failed build, so it is built afresh.
+    torch._dynamo.reset()
+    with inductor.use(executor):
+        _compile_and_check(model)
+
+
+FAULTS = [
+    pytest.param("segfault", WorkerCrashedError, None, id="segfault"),
+    pytest.param("hang", TaskTimeoutError, HANG_TIMEOUT_S, id="hang"),
+]
+
+
+@pytest.mark.parametrize(("action", "error", "timeout"), FAULTS)
+def test_a_compile_that_crashes_or_hangs_fails_alone_and_the_next_compile_works(
+    executor: PrecompileExecutor,
+    tmp_path: Path,
+    action: str,
+    error: type[BaseException],
+    timeout: float | None,
+) -> None:
+    from torch._inductor import config
+
+    marker = "7777.5"  # the faulty kernel's literal, as Inductor writes it into the C++ source
+    compiler = crashers.write_faulty_compiler(str(tmp_path), marker=marker, action=action)
+    with config.patch({"cpp.cxx": (compiler,)}):
+        with inductor.use(executor.options(timeout=timeout)):
+            with pytest.raises(Exception) as info:
+                _compile_and_check(Scaled(float(marker)))
+        assert any(isinstance(e, error) for e in _chain(info.value)), _chain(info.value)
+
+        torch._dynamo.reset()
+        before = inductor.statistics()
+        with inductor.use(executor):
+            _compile_and_check(Scaled(0.5))  # the same compiler, the same executor
+        assert inductor.statistics().cpp > before.cpp
+
+
+def test_another_torch_is_refused_and_nothing_is_patched(
+    executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    originals = _inductor_originals()
+    inductor.check_torch(version="2.11.0+cu130")
+    inductor.check_torch(version="2.13.0")
+    monkeypatch.setattr(_seam, "torch_version", lambda: "2.12.1")
+    with pytest.raises(inductor.UnsupportedTorchError, match=r"2\.11\.x and 2\.13\.x.*2\.12\.1"):
+        with inductor.use(executor):
+            pass
+    with pytest.raises(inductor.UnsupportedTorchError, match="Nothing was patched"):
+        inductor.install(executor)
+    assert not inductor.installed()
+    assert _inductor_originals() == originals
+
+
+def test_a_changed_seam_is_refused_naming_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    def submit(cls: Any, task: Any, priority: int) -> Any:  # a parameter Inductor never had
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(AsyncCompile, "submit", classmethod(submit))
+    with pytest.raises(inductor.UnsupportedTorchError, match=r"AsyncCompile\.submit"):
+        inductor.install()
+    assert not inductor.installed()
+    assert AsyncCompile.__dict__["submit"].__func__ is submit
+
+
+def _cuda_available() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+def _inductor_precompiles_templates() -> bool:
+    """Inductor skips max-autotune's precompile on Python 3.11.0 to 3.11.8
+    (``make_precompile_fn``; python/cpython#106905): each choice compiles when benchmarked."""
+    return not (sys.version_info[:2] == (3, 11) and sys.version_info.micro <= 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_gpu_triton_kernels_and_template_choices_compile_on_the_executor(
+    executor: PrecompileExecutor, mode: str
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512)
+    ).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    before = inductor.statistics()
+    with torch.no_grad(), inductor.use(executor):
+        out = torch.compile(model, mode=mode)(x)
+        torch.cuda.synchronize()
+    torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
+    after = inductor.statistics()
+    assert after.triton > before.triton
+    assert after.failed == before.failed
+    if mode == "max-autotune" and _inductor_precompiles_templates():
+        assert after.template > before.template

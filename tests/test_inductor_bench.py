@@ -1,0 +1,52 @@
+"""Smoke test of ``benchmarks/inductor_bench.py``: ``--smoke`` compiles a tiny decoder on the CPU
+in fresh processes, stock and through ``precompile_executor.inductor.use()``.
+
+It asserts what the run recorded — every process finished, its output equals eager's, and the
+``ours`` process ran its C++ builds on the executor — never a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 840
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+
+def test_the_smoke_run_compiles_stock_and_on_the_executor_equal_to_eager(tmp_path: Path) -> None:
+    out = tmp_path / "records.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.inductor_bench", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a run that overstays is stopped with everything it started
+    )
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=30)
+        pytest.fail(f"the smoke run took over {RUN_TIMEOUT_S} s:\n{output[-3000:]}")
+    assert proc.returncode == 0, output[-3000:]
+    assert "## gpt2, mode=default" in output
+    assert "whole-process wall, medians" in output
+    records = json.loads(out.read_text())["records"]
+    assert sorted(r["spec"]["variant"] for r in records) == ["ours", "stock"]
+    for record in records:
+        assert record["ok"] and record["equal"], record
+    (ours,) = [r for r in records if r["spec"]["variant"] == "ours"]
+    assert ours["ours"]["compiles"]["cpp"] > 0
+    assert ours["ours"]["compiles"]["failed"] == 0
