@@ -315,30 +315,35 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
     def other_thread() -> None:
         seen_by_other_thread.append(pe_autotune.installed())
 
+    def on_other_thread() -> None:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    pool = ThreadPoolExecutor(1)
     assert not pe_autotune.installed()
-    with pe_autotune.use():
+    with pe_autotune.use(pool):
         assert pe_autotune.installed() and current() != stock
         with pe_autotune.use(ThreadPoolExecutor(1)):
             assert pe_autotune.installed()
         assert current() != stock
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join(10)
+        on_other_thread()
     assert current() == stock and not pe_autotune.installed()
-    assert seen_by_other_thread == [False]  # use() is scoped to its own thread
+    on_other_thread()
+    assert seen_by_other_thread == [True, False]  # a block is open for every thread
+    pool.shutdown()
 
-    with pytest.raises(KeyError), pe_autotune.use():
+    with pytest.raises(KeyError), pe_autotune.use(pool):
         raise KeyError("inside")
     assert current() == stock
 
-    pe_autotune.install()
+    pe_autotune.install(pool)
     try:
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join(10)
-        assert seen_by_other_thread == [False, True]
-        pe_autotune.install()  # again: replaces the executor, still one patch
-        with pe_autotune.use():
+        on_other_thread()
+        assert seen_by_other_thread == [True, False, True]
+        pe_autotune.install(pool)  # again: replaces the executor, still one patch
+        with pe_autotune.use(pool):
             pass
         assert current() != stock
     finally:

@@ -36,6 +36,8 @@ import contextvars
 import dataclasses
 import logging
 import math
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import BrokenExecutor, CancelledError, Future, as_completed
 from typing import Any
@@ -69,48 +71,54 @@ matmul's leaders came out up to 10 % high (docs/triton.md, "Timing integrity")."
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
 
-OFF: Any = object()
-"""No executor: autotune as stock Triton does."""
-
-scoped_executor: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "precompile_executor_triton_autotune", default=OFF
-)
-"""The executor of the innermost ``use()`` block of this context (``None``: the shared
-default), or ``OFF``."""
-
-process_executor: list[Any] = [OFF]
-"""The executor of ``install()`` (``None``: the shared default), or ``OFF``; a one-element list
-so the seam can replace it under its lock."""
-
-
-def current_executor() -> Any:
-    """Return the executor autotunes of this context compile in: ``None`` for the shared
-    default, ``OFF`` for none (stock Triton)."""
-    scoped = scoped_executor.get()
-    return scoped if scoped is not OFF else process_executor[0]
-
-
 _running: contextvars.ContextVar[tuple[Tune, ...]] = contextvars.ContextVar(
     "precompile_executor_triton_tunes", default=()
 )
 
+_tuning_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_tuning_locks_lock = threading.Lock()
 
-def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call."""
-    executor = current_executor()
-    if executor is OFF or _async_compile.active_mode.get() is not None:
-        # Off, or inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
-        return ORIGINALS["run"](self, *args, **kwargs)
-    tune = Tune(self, executor, args, kwargs)
-    token = _running.set((*_running.get(), tune))
-    failed = True
-    try:
-        result = ORIGINALS["run"](self, *args, **kwargs)
-        failed = False
-        return result
-    finally:
-        _running.reset(token)
-        tune.close(failed=failed)
+
+def tuning_lock(autotuner: Any) -> threading.RLock:
+    """The lock one autotuner's calls take while the seam is on (one per autotuner).
+
+    Stock Triton keeps a call's arguments in ``Autotuner.nargs`` for the duration of the call,
+    shared by every thread: two threads tuning one kernel at once read each other's (or
+    ``None``) and crash (https://github.com/triton-lang/triton/issues/11494), and would compile
+    every config twice. Holding this lock, a second thread waits for the first one's tune and
+    then finds the key in ``self.cache`` (``Autotuner.run`` checks it itself).
+    """
+    with _tuning_locks_lock:
+        lock = _tuning_locks.get(autotuner)
+        if lock is None:
+            lock = _tuning_locks[autotuner] = threading.RLock()
+        return lock
+
+
+def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call.
+
+    Args:
+        autotuner: the ``Autotuner``.
+        executor: where to compile (``None``: the shared default executor).
+        args: the launch's positional arguments.
+        kwargs: its keyword arguments (``grid``, ``warmup`` included).
+    """
+    original = ORIGINALS["run"]
+    if _async_compile.active_mode.get() is not None:
+        # Inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
+        return original(autotuner, *args, **kwargs)
+    with tuning_lock(autotuner):
+        tune = Tune(autotuner, executor, args, kwargs)
+        token = _running.set((*_running.get(), tune))
+        failed = True
+        try:
+            result = original(autotuner, *args, **kwargs)
+            failed = False
+            return result
+        finally:
+            _running.reset(token)
+            tune.close(failed=failed)
 
 
 def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:

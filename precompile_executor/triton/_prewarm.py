@@ -73,3 +73,31 @@ def warm_caller(target: str = "cuda:90") -> None:
 
 
 prewarm.in_caller = warm_caller  # type: ignore[attr-defined]
+
+
+WORKER_NICENESS = 5
+"""How much lower than the autotuning process the default executor's workers run (``os.nice``
+increment): under contention the caller's benchmarking thread gets about three times a worker's
+share of a core (CFS weights), so a pool as large as the machine does not slow the timings it
+waits for. ``benchmarks/nice_proxy.py`` measures it with a CPU-bound stand-in for the caller."""
+
+
+def prewarm_worker(target: str = "cuda:90", niceness: int = WORKER_NICENESS) -> None:
+    """The default executor's initializer: lower this worker's priority, then :func:`prewarm`.
+
+    With ``start="template"`` it runs once, in the template, and every worker forked from it
+    inherits both the priority and the warm compiler.
+    """
+    if niceness:
+        try:
+            os.nice(niceness)
+        except OSError:  # a sandbox may refuse: the workers only compete harder
+            pass
+    prewarm(target)
+
+
+def _warm_caller_for_worker(target: str = "cuda:90", niceness: int = WORKER_NICENESS) -> None:
+    warm_caller(target)
+
+
+prewarm_worker.in_caller = _warm_caller_for_worker  # type: ignore[attr-defined]
