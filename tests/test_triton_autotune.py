@@ -45,6 +45,7 @@ from precompile_executor.triton import (  # noqa: E402
     classify,
     parse_target,
 )
+from precompile_executor.triton import _autotune_tune as _tune  # noqa: E402
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
 
 TARGET = "cuda:90"
@@ -201,11 +202,17 @@ class CompileLog:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, bool]] = []
+        self.compiled_blocks: list[Any] = []
+        """The ``BLOCK`` of each compile this process ran itself (not a cache hit)."""
 
     def __call__(
         self, *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
     ) -> None:
         self.events.append((src.name, cache_hit))
+        if not cache_hit:
+            names = src.fn.arg_names
+            constants = {names[path[0]]: value for path, value in src.constants.items()}
+            self.compiled_blocks.append(constants.get("BLOCK"))
 
 
 # -- fixtures -----------------------------------------------------------------------------------
@@ -215,6 +222,20 @@ class CompileLog:
 def _release_workers() -> Iterator[None]:
     yield
     stop_idle_workers()
+
+
+@pytest.fixture(autouse=True)
+def _worker_path_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check what happens in the executor's workers (isolation, order, timings):
+    the tune's own thread compiles nothing unless a test asks for it with ``steals``."""
+    if "steals" not in request.fixturenames:
+        monkeypatch.setattr(_tune, "STEALS", False)
+
+
+@pytest.fixture
+def steals() -> None:
+    """The default: the tune's thread compiles queued configs no worker is ready for."""
+    assert _tune.STEALS
 
 
 @pytest.fixture(scope="module")
@@ -599,6 +620,184 @@ def test_cache_results_a_disk_hit_compiles_nothing(
     assert _completed(executor) == before and again.calls == []
     assert str(fresh.best_config) == str(kernel.best_config)
     assert compile_log.events == []
+
+
+# -- every thread, one tune per kernel, compiles here -------------------------------------------
+
+
+def _double_kernel(gpu: DryRunGPU, configs: list[Any] | None = None) -> tuple[Any, Bench]:
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    configs = DOUBLE_CONFIGS[1:4] if configs is None else configs
+    return triton.autotune(configs=configs, key=["n"], do_bench=bench)(double_jit), bench
+
+
+@pytest.mark.timeout(240)
+def test_autotunes_on_any_thread_compile_in_the_workers_while_a_block_is_open(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    # Four kernels with configs of their own (num_warps differs), so each compiles its own.
+    kernels = [
+        _double_kernel(gpu, [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256, 512)])
+        for w in (1, 2, 4, 8)
+    ]
+    errors: list[BaseException] = []
+
+    def tune(index: int) -> None:
+        try:
+            kernels[index][0][GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    go = threading.Event()
+    early = threading.Thread(target=lambda: go.wait(60) and tune(2))
+    early.start()  # a thread that exists before the block
+    before = _completed(executor)
+    with pe_autotune.use(executor):
+        plain = threading.Thread(target=tune, args=(0,))
+        plain.start()
+        plain.join(120)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(tune, 1).result(120)
+        go.set()
+        early.join(120)
+        assert not plain.is_alive() and not early.is_alive()
+    assert errors == []
+    assert _completed(executor) - before == 3 * 3  # every config of the three, in workers
+    assert compile_log.compiled_blocks == []  # none compiled in this process
+    for kernel, _ in kernels[:3]:
+        assert kernel.best_config.kwargs["BLOCK"] == 256
+
+    # The block is closed: another thread's autotune is stock Triton's again.
+    after = threading.Thread(target=tune, args=(3,))
+    after.start()
+    after.join(120)
+    assert errors == [] and _completed(executor) - before == 9
+    assert kernels[3][0].best_config.kwargs["BLOCK"] == 256
+
+
+@pytest.mark.timeout(120)
+def test_an_inner_block_wins_on_its_thread_and_other_threads_follow_the_newest(
+    gpu: DryRunGPU,
+) -> None:
+    outer, inner = CountingThreads(), CountingThreads()
+    entered, leave = threading.Event(), threading.Event()
+    kernels = [
+        _double_kernel(gpu, [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256)])[0]
+        for w in (1, 2, 4)
+    ]
+
+    def with_inner_block() -> None:
+        with pe_autotune.use(inner):
+            kernels[0][GRID](*_double_args())  # its own block: inner
+            entered.set()
+            leave.wait(60)
+
+    try:
+        with pe_autotune.use(outer):
+            thread = threading.Thread(target=with_inner_block)
+            thread.start()
+            assert entered.wait(120)
+            kernels[1][GRID](*_double_args())  # this thread's own block: outer
+            with ThreadPoolExecutor(1) as pool:  # no block of its own: the newest, inner
+                pool.submit(lambda: kernels[2][GRID](*_double_args())).result(120)
+            leave.set()
+            thread.join(60)
+    finally:
+        leave.set()
+        outer.shutdown()
+        inner.shutdown()
+    assert (outer.submitted, inner.submitted) == (2, 4)
+
+
+@pytest.mark.timeout(240)
+def test_two_threads_cold_autotuning_one_kernel_tune_it_once(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    kernel, bench = _double_kernel(gpu)
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            start.wait(30)
+            kernel[GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    before = _completed(executor)
+    with pe_autotune.use(executor):
+        threads = [threading.Thread(target=launch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+    assert errors == []  # stock Triton: a TypeError from the shared Autotuner.nargs (#11494)
+    assert _completed(executor) - before == 3  # each config compiled once
+    assert compile_log.compiled_blocks == []
+    assert sorted({c["BLOCK"] for c in bench.calls}) == [128, 256, 512]  # one tune's benchmarks
+    assert len(kernel.cache) == 1 and kernel.best_config.kwargs["BLOCK"] == 256
+    assert [launched["BLOCK"] for launched in gpu.launches[-2:]] == [256, 256]  # both calls
+
+
+BLOCKER_WAIT_S = 120.0
+
+
+def _wait_for_file(path: str) -> None:
+    """A task that holds its worker until ``path`` exists (at most ``BLOCKER_WAIT_S``)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + BLOCKER_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(240)
+def test_while_no_worker_is_ready_the_callers_thread_compiles_each_config_once(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    with PrecompileExecutor(1, timeout=TASK_TIMEOUT_S * 3, classify=classify) as pool:
+        blocker = pool.submit(_wait_for_file, str(release))
+        _wait_until(lambda: pool.statistics().running == 1)  # its only worker is taken
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+        release.touch()
+        blocker.result(BLOCKER_WAIT_S)
+        stats = pool.statistics()
+    # Every config was taken back from the queue and compiled here, once each; no worker ran one.
+    assert sorted(compile_log.compiled_blocks) == [64, 128, 256, 512, 1024]
+    assert stats.completed == 1 and stats.cancelled == len(DOUBLE_CONFIGS)
+    assert kernel.best_config.kwargs["BLOCK"] == 256  # the same winner as stock Triton's
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
+@pytest.mark.timeout(240)
+def test_the_callers_thread_and_the_workers_share_the_queue_without_compiling_twice(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    with PrecompileExecutor(1, timeout=TASK_TIMEOUT_S, classify=classify) as pool:
+        pool.warm_up(TASK_TIMEOUT_S)
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+        stats = pool.statistics()
+    here = compile_log.compiled_blocks
+    assert len(here) == len(set(here))
+    assert stats.completed + len(here) == len(DOUBLE_CONFIGS)  # each compiled exactly once
+    assert stats.cancelled == len(here)
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    assert {c["BLOCK"] for c in bench.calls} == {64, 128, 256, 512, 1024}
 
 
 # -- failures -----------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import BrokenExecutor, CancelledError, Future, as_completed
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, CancelledError, Future, wait
 from typing import Any
 
 from triton.runtime import _async_compile
@@ -67,6 +67,13 @@ CONFIRM_MARGIN = 0.05
 """…and every config whose screening time is within this fraction of the best one's. A config
 screened while workers still compiled shares the CPU with them; on the H200 such timings of the
 matmul's leaders came out up to 10 % high (docs/triton.md, "Timing integrity")."""
+
+STEALS = True
+"""Whether a tune's own thread compiles the queued configs no worker is ready for, while it
+has nothing to benchmark (``Tune._steal``). It keeps a cold start — workers still starting or
+importing the kernel's module — from ever being slower than stock Triton, at one cost: a config
+compiled here is not isolated, so a compile that crashes takes this process down (as in stock
+Triton). ``False``: every config compiles in the executor."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
@@ -178,6 +185,9 @@ class _Entry:
     """Its timing was taken once every compile of the tune had landed (nothing else ran)."""
     screened: Any = None
     """Its first timing, when a quiet re-measurement replaced it (see ``Tune._confirm``)."""
+    here: bool = False
+    """Its compile was taken back from the executor's queue before any worker started it, and
+    compiled in this process by Triton's own launch (``Tune._steal``)."""
 
     @property
     def config(self) -> Any:
@@ -297,27 +307,72 @@ class Tune:
 
     def _bench_as_landed(self, bench: Callable[[Any], Any]) -> None:
         """Benchmark every config whose compile is done or in memory, in the order they land
-        (screening), then re-measure the leaders screened while compiles still ran; stop at
-        the first exception (Triton's loop re-raises it on that config's turn)."""
+        (screening); while none has landed and a compile is still queued (no worker ready for
+        it), compile that one here, as stock Triton would (:meth:`_steal`); then re-measure the
+        leaders screened while compiles still ran, if they are within noise of each other. Stop
+        at the first exception (Triton's loop re-raises it on that config's turn)."""
         entries = list(self._entries.values())
         by_future: dict[Future[Any], list[_Entry]] = {}
         for entry in entries:
             if entry.future is not None:
                 by_future.setdefault(entry.future, []).append(entry)
         ready = [e for e in entries if e.future is None and e.compiled.error is None]
+        waiting = set(by_future)
 
         def record(entry: _Entry) -> bool:
-            entry.quiet = all(f.done() for f in by_future)
+            entry.quiet = not waiting
             return self._record(entry, bench)
 
         for entry in ready:
             if not record(entry):
                 return
-        for future in as_completed(by_future):
-            for entry in by_future[future]:
-                if not record(entry):
-                    return
+        while waiting:
+            landed = [f for f in waiting if f.done()]
+            if not landed:
+                stolen = self._steal(waiting, by_future) if STEALS else None
+                if stolen is None:
+                    wait(waiting, return_when=FIRST_COMPLETED)
+                    continue
+                landed = [stolen]
+            for future in landed:
+                waiting.discard(future)
+                for entry in by_future[future]:
+                    if not record(entry):
+                        return
         self._confirm(bench)
+
+    def _steal(
+        self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
+    ) -> Future[Any] | None:
+        """Take back from the executor's queue the shortest predicted compile no worker has
+        started, to compile it in this thread; return its future, or ``None`` if every compile
+        still waiting is running in a worker.
+
+        The executor keeps a task's future PENDING until a worker really starts it (for
+        ``PrecompileExecutor``, until a started, idle worker takes it; a stdlib pool's queue
+        behaves alike), so ``cancel()`` returning True means no worker has it or ever will: no
+        config is compiled twice. The executor starts the longest predicted first; this thread
+        takes from the other end, so the two meet at the end of the queue.
+        """
+        queued = []
+        for future in waiting:
+            job = by_future[future][0].compiled.job
+            task = job.task_future if job is not None else None
+            if task is not None and not task.done() and not task.running():
+                queued.append(
+                    (min(_predicted_s(e.config) for e in by_future[future]), task, future)
+                )
+        queued.sort(key=lambda item: item[0])
+        for _, task, future in queued:
+            if task.cancel():
+                for entry in by_future[future]:
+                    entry.here = True
+                    if entry.cache is not None and isinstance(
+                        entry.cache.get(entry.key), FutureKernel
+                    ):
+                        del entry.cache[entry.key]  # Triton's launch compiles it here, now
+                return future
+        return None
 
     def _confirm(self, bench: Callable[[Any], Any]) -> None:
         """Re-measure, now that every compile has landed, each leader screened while compiles
@@ -363,7 +418,7 @@ class Tune:
 
     def _measure(self, entry: _Entry, bench: Callable[[Any], Any]) -> Any:
         future = entry.future
-        if future is not None:
+        if future is not None and not entry.here:
             exc = CancelledError() if future.cancelled() else future.exception()
             if exc is None:
                 entry.compiled.kernel.result()  # into the JIT's cache, as Triton finalizes it
