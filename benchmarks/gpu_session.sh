@@ -11,6 +11,9 @@
 #     `mkdir .v01 && git archive 333c6ad precompile_executor | tar -x -C .v01`: no git history there)
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
+#   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
+#     liger-kernel==0.8.5`: pure-Python wheels)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +23,10 @@ export PYTHONUNBUFFERED=1
 wheels=(.whl/loky-*.whl)
 ls .whl/helion-*.whl >/dev/null 2>&1 && wheels+=(.whl/helion-*.whl .whl/filecheck-*.whl)
 python3 -c "import packaging" 2>/dev/null || wheels+=(.whl/packaging-*.whl)
+if [ "${1:-tests}" = libraries ]; then
+  wheels+=(.whl/fla_core-*.whl .whl/liger_kernel-*.whl)
+  python3 -c "import einops" 2>/dev/null || wheels+=(.whl/einops-*.whl)
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "${wheels[@]}" || exit 1
 # Measurement-only shim: torch 2.11 lacks the IntelGPUError that helion 1.5.1 imports.
@@ -98,6 +105,13 @@ case "${1:-tests}" in
     timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
       ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} ${AUTOTUNE_MODES:+--modes $AUTOTUNE_MODES} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
+  libraries)
+    # LIBRARY_ROUNDS interleaved rounds (default 3) of stock, use() and install() first, each run
+    # a fresh process with a cold Triton cache; LIBRARIES="fla" picks libraries.
+    timeout "${LIBRARY_TIMEOUT:-580}" python3 -m benchmarks.triton_library_bench \
+      --out "$OUT/library-bench.md" --rounds "${LIBRARY_ROUNDS:-3}" \
+      ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
+      2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"
