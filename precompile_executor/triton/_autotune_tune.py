@@ -61,12 +61,11 @@ ORIGINALS: dict[str, Any] = {}
 INF_TIMING = [float("inf")] * 3
 """What Triton's ``_bench`` returns for a config that cannot run (one value per quantile)."""
 
-CONFIRM_AT_LEAST = 5
-"""The leaders re-measured once every compile has landed: at least this many best configs…"""
-CONFIRM_MARGIN = 0.05
-"""…and every config whose screening time is within this fraction of the best one's. A config
-screened while workers still compiled shares the CPU with them; on the H200 such timings of the
-matmul's leaders came out up to 10 % high (docs/triton.md, "Timing integrity")."""
+CONFIRM_MARGIN = 0.10
+"""How much a benchmark taken while workers still compile may overstate a config's time: on the
+H200 the matmul's leaders screened so came out up to 10 % high (docs/triton.md, "Timing
+integrity"). Load only ever adds time, so a config screened more than this above the best one is
+slower than it whatever the load did; only the leaders within it can swap places."""
 
 STEALS = True
 """Whether a tune's own thread compiles the queued configs no worker is ready for, while it
@@ -375,22 +374,24 @@ class Tune:
         return None
 
     def _confirm(self, bench: Callable[[Any], Any]) -> None:
-        """Re-measure, now that every compile has landed, each leader screened while compiles
-        still ran: the best ``CONFIRM_AT_LEAST`` configs and all within ``CONFIRM_MARGIN`` of
-        the best. Their new timings replace the screening's, in ``configs_timings`` and in the
-        choice (docs/triton.md, "Timing integrity")."""
+        """Re-measure, now that every compile has landed, the leaders whose order the load may
+        have changed: when two or more configs lie within ``CONFIRM_MARGIN`` of the best
+        screened time and some of them were screened while compiles still ran, those are timed
+        again, and their new timings replace the screening's in ``configs_timings`` and in the
+        choice. A best config clear of the rest by more than the margin, or leaders all screened
+        quietly, need nothing (docs/triton.md, "Timing integrity")."""
         timed = [
             (first, entry)
             for entry in self._entries.values()
             if entry.measured and (first := _first_timing(entry.outcome)) is not None
         ]
-        if len(timed) < 2:  # nothing to choose between
+        if not timed:
             return
-        timed.sort(key=lambda pair: pair[0])
-        best = timed[0][0]
-        for rank, (first, entry) in enumerate(timed):
-            if rank >= CONFIRM_AT_LEAST and first > best * (1 + CONFIRM_MARGIN):
-                break
+        best = min(first for first, _ in timed)
+        leaders = [entry for first, entry in timed if first <= best * (1 + CONFIRM_MARGIN)]
+        if len(leaders) < 2:
+            return
+        for entry in leaders:
             if entry.quiet:
                 continue
             screened = entry.outcome
