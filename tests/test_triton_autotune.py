@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -757,6 +758,102 @@ def test_the_callers_thread_and_the_workers_share_the_queue_without_compiling_tw
     assert stats.cancelled == len(here)
     assert kernel.best_config.kwargs["BLOCK"] == 256
     assert {c["BLOCK"] for c in bench.calls} == {64, 128, 256, 512, 1024}
+
+
+_WARMLIB_INIT = """
+import os
+
+import triton
+import triton.language as tl
+
+with open(os.environ["PE_WARMLIB_MARKER"], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")  # who imported this package
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+
+
+import pe_warm_hook  # the test's: how to autotune and call a kernel on the dry-run GPU
+
+scale = pe_warm_hook.autotuned(scale_kernel)
+pe_warm_hook.call(scale)  # the library warms its kernel while it imports
+"""
+
+_WARMLIB_LATER = """
+import triton
+import triton.language as tl
+
+import pe_warm_hook
+
+
+@triton.jit
+def shift_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+
+
+shift = pe_warm_hook.autotuned(shift_kernel)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_kernel_called_while_its_package_imports_is_never_imported_by_a_worker(
+    gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+    import types
+
+    name = f"pe_warmlib_{uuid.uuid4().hex[:8]}"
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text(_WARMLIB_INIT)
+    (package / "later.py").write_text(_WARMLIB_LATER)
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("PE_WARMLIB_MARKER", str(imports))
+    hook = types.ModuleType("pe_warm_hook")
+    hook.autotuned = (
+        lambda fn: triton.autotune(  # type: ignore[attr-defined]
+            configs=DOUBLE_CONFIGS[1:4],
+            key=["n"],
+            do_bench=Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+        )(fn)
+    )
+    hook.call = lambda kernel: kernel[GRID](*_double_args())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pe_warm_hook", hook)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with (
+            # Fresh workers that can import the package (this test's path is their initializer's).
+            PrecompileExecutor(
+                2,
+                initializer=site.addsitedir,
+                initargs=(str(tmp_path),),
+                timeout=TASK_TIMEOUT_S,
+                classify=classify,
+            ) as pool,
+            pe_autotune.use(pool),
+        ):
+            library = importlib.import_module(name)  # tunes scale while importing
+            later = importlib.import_module(f"{name}.later")
+            later.shift[GRID](*_double_args())  # a kernel of the same package, after its import
+            stats = pool.statistics()
+        assert pe_autotune.imports_that_launch() >= {name}
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+    assert imports.read_text().split() == [str(os.getpid())]  # no worker imported the package
+    assert stats.completed == 2 * 3  # both kernels' configs compiled in the workers
+    assert compile_log.compiled_blocks == []
+    assert library.scale.best_config.kwargs["BLOCK"] == 256
+    assert later.shift.best_config.kwargs["BLOCK"] == 256
 
 
 # -- failures -----------------------------------------------------------------------------------

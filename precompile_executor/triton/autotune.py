@@ -39,11 +39,13 @@ from ._autotune_seam import (
     use,
 )
 from ._errors import UnsupportedTritonError
+from ._kernel_ref import imports_that_launch
 
 __all__ = [
     "SUPPORTED_TRITON_SERIES",
     "UnsupportedTritonError",
     "check_triton",
+    "imports_that_launch",
     "install",
     "installed",
     "triton_version",
