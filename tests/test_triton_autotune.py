@@ -42,6 +42,7 @@ from precompile_executor import (  # noqa: E402
 from precompile_executor.examples import autotune_kernels  # noqa: E402
 from precompile_executor.triton import (  # noqa: E402
     UnsupportedTritonError,
+    _preimport,  # noqa: E402
     classify,
 )
 from precompile_executor.triton import _autotune_tune as _tune  # noqa: E402
@@ -168,6 +169,14 @@ def _worker_path_only(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
     the tune's own thread compiles nothing unless a test asks for it with ``steals``."""
     if "steals" not in request.fixturenames:
         monkeypatch.setattr(_tune, "STEALS", False)
+    if "preimports" not in request.fixturenames:
+        monkeypatch.setattr(_preimport, "PREIMPORTS", False)  # only compiles in the counts
+
+
+@pytest.fixture
+def preimports() -> None:
+    """The default: workers import a kernel's module ahead of its configs."""
+    assert _preimport.PREIMPORTS
 
 
 @pytest.fixture
@@ -854,6 +863,71 @@ def test_a_kernel_called_while_its_package_imports_is_never_imported_by_a_worker
     assert compile_log.compiled_blocks == []
     assert library.scale.best_config.kwargs["BLOCK"] == 256
     assert later.shift.best_config.kwargs["BLOCK"] == 256
+
+
+_PLAINLIB_INIT = """
+import os
+
+import triton
+import triton.language as tl
+
+with open(os.environ["PE_PLAINLIB_MARKER"], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")  # who imported this package
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_each_worker_imports_a_kernels_module_in_a_task_of_its_own_before_the_configs(
+    preimports: None,
+    gpu: DryRunGPU,
+    compile_log: CompileLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+
+    name = f"pe_plainlib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_PLAINLIB_INIT)
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("PE_PLAINLIB_MARKER", str(imports))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        library = importlib.import_module(name)
+        bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+        kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(
+            library.scale_kernel
+        )
+        with PrecompileExecutor(
+            2,
+            initializer=site.addsitedir,
+            initargs=(str(tmp_path),),
+            timeout=TASK_TIMEOUT_S,
+            classify=classify,
+        ) as pool:
+            workers = set(pool.warm_up(TASK_TIMEOUT_S))
+            with pe_autotune.use(pool):
+                kernel[GRID](*_double_args())
+            stats = pool.statistics()
+    finally:
+        sys.modules.pop(name, None)
+    importers = imports.read_text().split()
+    assert importers[0] == str(os.getpid())
+    assert {int(pid) for pid in importers[1:]} <= workers  # workers, each once
+    assert len(importers[1:]) == len(set(importers[1:])) >= 1
+    assert stats.completed == 3 + len(workers)  # the configs, and one import task per worker
+    assert compile_log.compiled_blocks == []
+    assert kernel.best_config.kwargs["BLOCK"] == 256
 
 
 # -- failures -----------------------------------------------------------------------------------

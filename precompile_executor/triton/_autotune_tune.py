@@ -49,7 +49,9 @@ from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
+from ._errors import KernelTransferError
 from ._kernel_ref import unwrap_jit_function
+from ._preimport import announce, module_of
 from ._submit import default_executor
 from ._warm import ConfigCompile, compile_configs, holding_batch
 
@@ -268,6 +270,7 @@ class Tune:
 
     def _submit(self) -> None:
         executor = self._executor if self._executor is not None else default_executor()
+        announce(executor, [module_of(self.autotuner)])  # workers import it while they wait
         self._adapter = adapter = TritonCompileExecutor(executor)
         configs = self.configs or []
         token = _async_compile.active_mode.set(AsyncCompileMode(adapter, ignore_errors=True))
@@ -423,6 +426,15 @@ class Tune:
             exc = CancelledError() if future.cancelled() else future.exception()
             if exc is None:
                 entry.compiled.kernel.result()  # into the JIT's cache, as Triton finalizes it
+            elif isinstance(exc, KernelTransferError):
+                # The worker could not load this kernel (nothing was compiled): Triton's own
+                # launch compiles it here, as stock Triton does (docs/triton.md, "Failures").
+                logger.debug(
+                    "%s: config %s compiles here: %s", _name(self.autotuner), entry.config, exc
+                )
+                entry.here = True
+                if entry.cache is not None and isinstance(entry.cache.get(entry.key), FutureKernel):
+                    del entry.cache[entry.key]
             else:
                 if entry.cache is not None and entry.key is not None:
                     entry.cache[entry.key] = _FailedCompile(exc)

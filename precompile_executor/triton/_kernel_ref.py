@@ -144,8 +144,8 @@ def imports_that_launch() -> frozenset[str]:
         return frozenset(_launching_imports)
 
 
-def _initializing(module: str) -> set[str]:
-    """``module`` and the packages above it that are being imported right now."""
+def initializing_modules(module: str) -> set[str]:
+    """Return ``module`` and the packages above it that are being imported right now."""
     names = set()
     parts = module.split(".")
     for end in range(1, len(parts) + 1):
@@ -156,8 +156,9 @@ def _initializing(module: str) -> set[str]:
     return names
 
 
-def _launches_at_import(module: str) -> str:
-    """The name among ``module`` and its packages known to call kernels while importing."""
+def launches_at_import(module: str) -> str:
+    """Return the name among ``module`` and its packages known to call kernels while they
+    import (``""``: none)."""
     parts = module.split(".")
     with _refs_lock:
         for end in range(1, len(parts) + 1):
@@ -197,7 +198,7 @@ def kernel_ref(fn: Any) -> KernelRef:
         KernelTransferError: ``fn`` cannot be imported by name in another process and its source
             cannot be captured either.
     """
-    importing = _initializing(fn.fn.__module__)
+    importing = initializing_modules(fn.fn.__module__)
     with _refs_lock:
         _launching_imports.update(importing)
         cached = _refs.get(fn)
@@ -229,7 +230,7 @@ def _make_ref(fn: Any, cache_key: str, active: set[int]) -> KernelRef:
             "make the globals it uses picklable."
         )
     return KernelRef(
-        module, qualname, cache_key, source, error, importable=not _launches_at_import(module)
+        module, qualname, cache_key, source, error, importable=not launches_at_import(module)
     )
 
 
@@ -239,7 +240,7 @@ def _why_not_importable(fn: Any) -> str:
         return "it is defined in __main__"
     if "<locals>" in qualname:
         return "it is defined inside a function"
-    launching = _launches_at_import(module)
+    launching = launches_at_import(module)
     if launching:
         return f"importing {launching} calls kernels (imports_that_launch())"
     loaded = sys.modules.get(module)

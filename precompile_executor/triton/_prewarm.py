@@ -83,11 +83,15 @@ waits for. ``benchmarks/nice_proxy.py`` measures it with a CPU-bound stand-in fo
 
 
 def prewarm_worker(target: str = "cuda:90", niceness: int = WORKER_NICENESS) -> None:
-    """The default executor's initializer: lower this worker's priority, then :func:`prewarm`.
+    """The default executor's initializer: a compile-only worker at a lower priority, warm.
 
-    With ``start="template"`` it runs once, in the template, and every worker forked from it
-    inherits both the priority and the warm compiler.
+    Hides every GPU from the worker (``CUDA_VISIBLE_DEVICES=""``: it only compiles, for an
+    explicit target), so importing a kernel's library there — which may ask CUDA for the
+    device's capability at import — never creates a CUDA context per worker; lowers its CPU
+    priority (:data:`WORKER_NICENESS`); then :func:`prewarm`. With ``start="template"`` it runs
+    once, in the template, and every worker forked from it inherits all three.
     """
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if niceness:
         try:
             os.nice(niceness)

@@ -274,6 +274,14 @@ def start_default_warm_up() -> None:
 
 
 def _warm_up(executor: Executor) -> None:
+    from ._preimport import announce, loaded_kernel_modules
+
+    try:
+        # The kernels' modules already loaded (a use() block opened after the library's
+        # import): each worker imports them as it becomes ready, before any config reaches it.
+        announce(executor, loaded_kernel_modules())
+    except Exception:  # noqa: BLE001 - only a lost head start
+        logging.getLogger("precompile_executor.triton").debug("announce failed", exc_info=True)
     warm_up = getattr(executor, "warm_up", None)
     if not callable(warm_up):
         return

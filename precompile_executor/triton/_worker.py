@@ -13,6 +13,7 @@ straight into the caller's cache instead.
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import threading
@@ -118,3 +119,17 @@ def _environment(env_vars: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def import_modules(names: tuple[str, ...], caller_pid: int) -> list[str]:
+    """Import kernels' modules ahead of their compiles (``_preimport``); return those that
+    failed. In the caller's own process (a thread pool) it does nothing: they are imported."""
+    failed: list[str] = []
+    if os.getpid() == caller_pid:
+        return failed
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the compile that needs it reports its own error
+            failed.append(name)
+    return failed
