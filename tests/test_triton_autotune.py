@@ -930,6 +930,35 @@ def test_each_worker_imports_a_kernels_module_in_a_task_of_its_own_before_the_co
     assert kernel.best_config.kwargs["BLOCK"] == 256
 
 
+@pytest.mark.timeout(300)
+def test_use_without_an_executor_starts_the_warm_default_at_once_and_tunes_through_it(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    import os
+
+    from precompile_executor.triton import _submit
+    from precompile_executor.triton._prewarm import WORKER_NICENESS
+
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    with pe_autotune.use():
+        default = _submit.default_executor()
+        warming = [t for t in threading.enumerate() if t.name.endswith("triton-warm-up")]
+        before = default.statistics()
+        kernel[GRID](*_double_args())
+        after = default.statistics()
+    assert isinstance(default, PrecompileExecutor) and warming  # started as the block opened
+    # Each config compiled once: in a worker, or here while no worker was ready for it.
+    here = compile_log.compiled_blocks
+    assert len(here) == len(set(here))
+    assert after.completed - before.completed + len(here) == len(DOUBLE_CONFIGS)
+    assert after.cancelled - before.cancelled == len(here)
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    # Its workers: warm (prewarm_worker in their template), niced, and with no GPU to touch.
+    own = os.nice(0)
+    assert default.submit(os.nice, 0).result(120) == own + WORKER_NICENESS
+    assert default.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result(120) == ""
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 
