@@ -66,8 +66,9 @@ INF_TIMING = [float("inf")] * 3
 CONFIRM_MARGIN = 0.15
 """How much a benchmark taken while workers still compile may overstate a config's time: on the
 H200 the matmul's leaders screened so came out up to 14 % above stock's timings of them
-(docs/triton.md, "Timing integrity"). Load only ever adds time, so a config screened more than this above the best one is
-slower than it whatever the load did; only the leaders within it can swap places."""
+(docs/triton.md, "Timing integrity"). Load only ever adds time, so a config screened more than
+this above the best one is slower than it whatever the load did; only the leaders within it can
+swap places."""
 
 STEALS = True
 """Whether a tune's own thread compiles the queued configs no worker is ready for, while it
