@@ -94,8 +94,9 @@ def announce(executor: Executor, modules: Iterable[str | None]) -> None:
 
 
 def loaded_kernel_modules() -> list[str]:
-    """Return the modules of the autotuned kernels that loaded modules hold at top level."""
-    from triton.runtime.autotuner import Autotuner
+    """Return the modules of the autotuned kernels (``@triton.autotune``, under
+    ``@triton.heuristics`` too) that loaded modules hold at top level."""
+    from triton.runtime.jit import KernelInterface
 
     found: set[str] = set()
     for name, module in list(sys.modules.items()):
@@ -106,6 +107,21 @@ def loaded_kernel_modules() -> list[str]:
         except TypeError:
             continue
         for value in values:
-            if isinstance(value, Autotuner) and (own := module_of(value)) is not None:
-                found.add(own)
+            if isinstance(value, KernelInterface) and _autotuned(value):
+                own = module_of(value)
+                if own is not None:
+                    found.add(own)
     return sorted(found)
+
+
+def _autotuned(kernel: Any) -> bool:
+    """Whether ``kernel`` is an ``Autotuner`` or wraps one (``Heuristics`` over it)."""
+    from triton.runtime.autotuner import Autotuner
+
+    for _ in range(8):  # a wrapper chain is a few levels deep at most
+        if isinstance(kernel, Autotuner):
+            return True
+        kernel = getattr(kernel, "fn", None)
+        if kernel is None:
+            return False
+    return False
