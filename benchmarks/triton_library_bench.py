@@ -261,6 +261,14 @@ def child(library: str, mode: str, out: Path) -> None:
         torch.cuda.synchronize()
     step_s = time.perf_counter() - start
     tunes = observer.summary(origin)
+    executor: dict[str, Any] = {}
+    if mode != "stock":
+        from precompile_executor.triton._submit import default_executor
+
+        stats = default_executor().statistics()  # type: ignore[attr-defined]
+        # completed: compiles and module imports in workers; cancelled: configs taken back
+        # from the queue and compiled by the tune's own thread.
+        executor = {"completed": stats.completed, "cancelled": stats.cancelled}
     result = {
         "library": library,
         "mode": mode,
@@ -270,6 +278,7 @@ def child(library: str, mode: str, out: Path) -> None:
         "tunes": tunes,
         "tune_s": sum(t["tune_s"] or 0.0 for t in tunes),
         "floor_s": sum(t["floor_s"] for t in tunes),
+        "executor": executor,
     }
     out.write_text(json.dumps(result))
 
@@ -397,6 +406,14 @@ def _ratio(ours: float | None, stock: float | None) -> str:
     return "–" if ours is None or not stock else f"{ours / stock:.2f}×"
 
 
+def _here(runs: list[dict[str, Any]]) -> str:
+    """The configs the tune's own thread compiled (median over runs), or "all" for stock."""
+    counts = [r["executor"]["cancelled"] for r in runs if r.get("executor")]
+    if not counts:
+        return "all" if runs and all("executor" in r for r in runs) else "–"
+    return f"{statistics.median(counts):.0f}"
+
+
 def per_kernel(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
     """Kernel (with the order of its first tune) → field → one value per run: its tunes' total
     seconds and floor."""
@@ -432,8 +449,8 @@ def report(
         lines += [f"## {lib}", ""]
         lines += [
             "| mode | process s | forward s | step s | tunes s | floor s | step vs stock "
-            "| rounds (step s) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| configs compiled here | rounds (step s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         stock_step = _median([r["step_s"] for r in stock_runs if "step_s" in r])
         for mode in modes:
@@ -446,6 +463,7 @@ def report(
                 f"| {_fmt(_median([r['forward_s'] for r in good]))} | {_fmt(step)} "
                 f"| {_fmt(_median([r['tune_s'] for r in good]))} "
                 f"| {_fmt(_median([r['floor_s'] for r in good]))} | {_ratio(step, stock_step)} "
+                f"| {_here(good)} "
                 f"| {', '.join(_fmt(r['step_s']) for r in good)}"
                 + (f" ({len(errors)} failed: {errors[0].splitlines()[-1][:80]})" if errors else "")
                 + " |"
@@ -587,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"round {r} {lib:6} {mode:8} process {wall_s:6.1f} s  "
             + (
-                f"step {result['step_s']:6.1f} s  floor {result['floor_s']:5.1f} s"
+                f"step {result['step_s']:6.1f} s  floor {result['floor_s']:5.1f} s  "
+                f"executor {result.get('executor') or '-'}"
                 if "step_s" in result
                 else f"FAILED: {result['error'][-300:]}"
             ),

@@ -100,6 +100,7 @@ def test_the_report_renders_runs_kernels_and_the_check() -> None:
             "tune_s": step / 2,
             "floor_s": 0.5,
             "tunes": [{**tune, "chosen": f"BLOCK: {mode}"}],
+            "executor": {} if mode == "stock" else {"completed": 3, "cancelled": 1},
         }
 
     results = {
@@ -115,8 +116,9 @@ def test_the_report_renders_runs_kernels_and_the_check() -> None:
         }
     }
     text = bench.report(results, checks, "machine")
+    assert "| stock | 16.00 | 5.50 | 11.00 | 5.50 | 0.50 | 1.00× | all | 10.00, 12.00 |" in text
     assert (
-        "| use | 10.00 | 2.50 | 5.00 | 2.50 | 0.50 | 0.45× | 5.00 (1 failed: RuntimeError: boom) |"
+        "| use | 10.00 | 2.50 | 5.00 | 2.50 | 0.50 | 0.45× | 1 | 5.00 (1 failed: RuntimeError: boom) |"
         in text
     )
     assert "| `k` | 4 | 5.50 [0.50] | 2.50 [0.50] | 0.45× |" in text
