@@ -959,6 +959,48 @@ def test_use_without_an_executor_starts_the_warm_default_at_once_and_tunes_throu
     assert default.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result(120) == ""
 
 
+_INSTALLLIB_INIT = """
+from precompile_executor.triton import autotune as pe_autotune
+
+pe_autotune.install()  # a library that opens the integration when imported
+
+
+def state():
+    import psutil
+
+    from precompile_executor.triton import _submit, _worker
+
+    return (
+        _worker.in_compile_worker,
+        pe_autotune.installed(),
+        _submit._default is None,
+        len(psutil.Process().children(recursive=True)),
+    )
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_library_that_installs_at_import_starts_no_pool_in_a_worker_that_imports_it(
+    tmp_path: Path,
+) -> None:
+    import os
+    import site
+
+    from precompile_executor.triton._worker import import_modules
+
+    name = f"pe_installlib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_INSTALLLIB_INIT)
+    with PrecompileExecutor(
+        1, initializer=site.addsitedir, initargs=(str(tmp_path),), timeout=TASK_TIMEOUT_S
+    ) as pool:
+        assert pool.submit(import_modules, (name,), os.getpid()).result(120) == []
+        probe = f"__import__({name!r}).state()"  # evaluated in the worker, plain data back
+        in_worker, installed, no_default, children = pool.submit(eval, probe).result(120)
+    assert in_worker and installed  # the library's install() ran there, patching only
+    assert no_default and children == 0  # and started no executor, no process
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 from triton.compiler import ASTSource
 
+from . import _worker
 from ._cache import expected_hash
 from ._target import parse_target
 
@@ -91,6 +92,7 @@ def prewarm_worker(target: str = "cuda:90", niceness: int = WORKER_NICENESS) -> 
     priority (:data:`WORKER_NICENESS`); then :func:`prewarm`. With ``start="template"`` it runs
     once, in the template, and every worker forked from it inherits all three.
     """
+    _worker.in_compile_worker = True
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     if niceness:
         try:

@@ -34,6 +34,7 @@ from typing import Any
 from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
+from . import _worker
 from ._cache import cached_group, expected_hash, install, load_compiled, metadata_filename
 from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
@@ -257,9 +258,12 @@ def start_default_warm_up() -> None:
     ``precompile_executor.triton.autotune.use()`` and ``install()`` call it as they open, so
     the workers' start (an interpreter, the imports, a first compile: seconds) runs off the
     first autotune's critical path; a tune that starts meanwhile compiles in this process the
-    configs no worker is ready for.
+    configs no worker is ready for. Does nothing in a compile worker
+    (``_worker.in_compile_worker``).
     """
     global _warming
+    if _worker.in_compile_worker:
+        return  # a library opened use()/install() while a worker imported it: no pool here
     executor = default_executor()
     with _default_lock:
         if _warming is not None:
