@@ -106,8 +106,10 @@ case "${1:-tests}" in
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
       ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} ${AUTOTUNE_MODES:+--modes $AUTOTUNE_MODES} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
   libraries)
+    # First the CPU-bound proxy of niced workers against the caller (a few seconds), then
     # LIBRARY_ROUNDS interleaved rounds (default 3) of stock, use() and install() first, each run
     # a fresh process with a cold Triton cache; LIBRARIES="fla" picks libraries.
+    timeout 120 python3 -m benchmarks.nice_proxy 2>&1 | tee "$OUT/nice-proxy.md"
     timeout "${LIBRARY_TIMEOUT:-580}" python3 -m benchmarks.triton_library_bench \
       --out "$OUT/library-bench.md" --rounds "${LIBRARY_ROUNDS:-3}" \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
