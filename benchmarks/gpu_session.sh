@@ -109,9 +109,15 @@ case "${1:-tests}" in
     # First the CPU-bound proxy of niced workers against the caller (a few seconds), then
     # LIBRARY_ROUNDS interleaved rounds (default 3) of stock, use() and install() first, each run
     # a fresh process with a cold Triton cache; LIBRARIES="fla" picks libraries.
-    timeout 120 python3 -m benchmarks.nice_proxy 2>&1 | tee "$OUT/nice-proxy.md"
+    [ "${NICE_PROXY:-1}" = 1 ] && timeout 120 python3 -m benchmarks.nice_proxy 2>&1 | tee "$OUT/nice-proxy.md"
+    # Runs accumulate in LIBRARY_RESULTS (kept on the machine between calls: bench-out/ is not
+    # replaced; remove it to start afresh), so LIBRARY_ROUNDS=1 per call, LIBRARY_CHECK=0 and
+    # NICE_PROXY=0 until the last, spreads the rounds over calls.
+    mkdir -p bench-out
     timeout "${LIBRARY_TIMEOUT:-580}" python3 -m benchmarks.triton_library_bench \
       --out "$OUT/library-bench.md" --rounds "${LIBRARY_ROUNDS:-3}" \
+      --results "${LIBRARY_RESULTS:-bench-out/library-runs.jsonl}" \
+      $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
   limits)

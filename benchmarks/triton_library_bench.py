@@ -377,6 +377,21 @@ def run(argv: list[str], timeout_s: float) -> tuple[dict[str, Any], float]:
     return result, wall_s
 
 
+def load_results(
+    path: Path | None, libraries: list[str], modes: list[str]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs an earlier call saved in ``path`` (JSON lines), for these libraries and modes."""
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    if path is None or not path.exists():
+        return results
+    for line in path.read_text().splitlines():
+        if line.strip():
+            saved = json.loads(line)
+            if saved.get("library") in libraries and saved.get("mode") in modes:
+                results.setdefault((saved["library"], saved["mode"]), []).append(saved)
+    return results
+
+
 def plan(libraries: list[str], modes: list[str], rounds: int) -> list[tuple[int, str, str]]:
     """The runs, in order: every round runs every library in every mode (interleaved)."""
     return [(r, lib, mode) for r in range(1, rounds + 1) for lib in libraries for mode in modes]
@@ -576,6 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the Markdown report here too")
     parser.add_argument("--plan", action="store_true", help="print the runs and exit")
     parser.add_argument("--no-check", action="store_true", help="skip the chosen-kernel check")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="a JSON-lines file: runs found there are reported with this call's, and this "
+        "call's runs are added to it (so rounds can be spread over several calls)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--check", metavar="LIBRARY", help=argparse.SUPPRESS)
     parser.add_argument("--choices", type=Path, help=argparse.SUPPRESS)
@@ -597,11 +618,14 @@ def main(argv: list[str] | None = None) -> int:
         for r, lib, mode in runs:
             print(f"round {r}: {lib} {mode}")
         return 0
-    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    results = load_results(args.results, libraries, modes)
     for r, lib, mode in runs:
         result, wall_s = run(["--child", lib, mode], args.timeout)
-        result["process_s"] = wall_s
+        result.update(library=lib, mode=mode, process_s=wall_s)
         results.setdefault((lib, mode), []).append(result)
+        if args.results:
+            with args.results.open("a") as saved:
+                saved.write(json.dumps(result) + "\n")
         print(
             f"round {r} {lib:6} {mode:8} process {wall_s:6.1f} s  "
             + (

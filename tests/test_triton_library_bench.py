@@ -125,6 +125,23 @@ def test_the_report_renders_runs_kernels_and_the_check() -> None:
     assert "| `k` | (1,) | 1.0000 | 1.1000 | 1.10× |" in text
 
 
+def test_runs_saved_by_an_earlier_call_are_loaded_for_the_libraries_and_modes_asked(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    saved = tmp_path / "runs.jsonl"
+    runs = [
+        {"library": "fla", "mode": "stock", "step_s": 1.0},
+        {"library": "fla", "mode": "use", "step_s": 0.5},
+        {"library": "liger", "mode": "stock", "step_s": 2.0},
+    ]
+    saved.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    loaded = bench.load_results(saved, ["fla"], ["stock", "use"])
+    assert loaded == {("fla", "stock"): [runs[0]], ("fla", "use"): [runs[1]]}
+    assert bench.load_results(tmp_path / "none.jsonl", ["fla"], ["stock"]) == {}
+
+
 def test_help_and_plan_run_without_a_gpu() -> None:
     for argv in (["--help"], ["--plan", "--rounds", "2", "--libraries", "fla"]):
         done = subprocess.run(
