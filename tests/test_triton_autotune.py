@@ -753,11 +753,20 @@ def test_while_no_worker_is_ready_the_callers_thread_compiles_each_config_once(
 
 @pytest.mark.timeout(240)
 def test_the_callers_thread_and_the_workers_share_the_queue_without_compiling_twice(
-    steals: None, gpu: DryRunGPU, compile_log: CompileLog
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path
 ) -> None:
+    import site
+
     kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
-    with PrecompileExecutor(1, timeout=TASK_TIMEOUT_S, classify=classify) as pool:
-        pool.warm_up(TASK_TIMEOUT_S)
+    # A cold worker (an initializer of this test's own: no pooled worker fits): this thread
+    # compiles queued configs until the worker is ready, then the worker takes the rest.
+    with PrecompileExecutor(
+        1,
+        initializer=site.addsitedir,
+        initargs=(str(tmp_path),),
+        timeout=TASK_TIMEOUT_S,
+        classify=classify,
+    ) as pool:
         with pe_autotune.use(pool):
             kernel[GRID](*_double_args())
         stats = pool.statistics()

@@ -71,7 +71,7 @@ this above the best one is slower than it whatever the load did; only the leader
 swap places."""
 
 STEALS = True
-"""Whether a tune's own thread compiles the queued configs no worker is ready for, while it
+"""Whether a tune's own thread compiles queued configs while no worker is ready for them and it
 has nothing to benchmark (``Tune._steal``). It keeps a cold start — workers still starting or
 importing the kernel's module — from ever being slower than stock Triton, at one cost: a config
 compiled here is not isolated, so a compile that crashes takes this process down (as in stock
@@ -347,9 +347,13 @@ class Tune:
     def _steal(
         self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
     ) -> Future[Any] | None:
-        """Take back from the executor's queue the shortest predicted compile no worker has
-        started, to compile it in this thread; return its future, or ``None`` if every compile
-        still waiting is running in a worker.
+        """While no worker is compiling for this tune (none is ready: still starting, importing,
+        or busy with other work), take back from the executor's queue the shortest predicted
+        compile, to compile it in this thread; return its future, or ``None``.
+
+        Once a worker compiles for the tune, this thread only benchmarks: from then on the tune
+        takes at most the longer of the workers' compiling and its benchmarks, never stock's sum
+        of both, and a compile taken here would delay the benchmarks by its whole duration.
 
         The executor keeps a task's future PENDING until a worker really starts it (for
         ``PrecompileExecutor``, until a started, idle worker takes it; a stdlib pool's queue
@@ -361,10 +365,13 @@ class Tune:
         for future in waiting:
             job = by_future[future][0].compiled.job
             task = job.task_future if job is not None else None
-            if task is not None and not task.done() and not task.running():
-                queued.append(
-                    (min(_predicted_s(e.config) for e in by_future[future]), task, future)
-                )
+            if task is None or task.done():
+                continue
+            if task.running():
+                # A worker is compiling for this tune: compiles flow, and this thread's time
+                # is the benchmarks'. Taking a compile now could only delay them.
+                return None
+            queued.append((min(_predicted_s(e.config) for e in by_future[future]), task, future))
         queued.sort(key=lambda item: item[0])
         for _, task, future in queued:
             if task.cancel():
