@@ -2,17 +2,21 @@
 
 ::
 
-    Autotuner.run(*args, **kwargs)            [patched_run: a Tune for this call]
+    Autotuner.run(*args, **kwargs)            [seam's patched_run → run(): the autotuner's lock,
+                                               a Tune for this call]
       prune_configs(kwargs)                   [patched_prune_configs: tune.configs = pruned]
       check_disk_cache / benchmark()          Triton's own; a disk hit never reaches _bench
         _bench(config=pruned[0])              [patched_bench → tune.timing]
-          first call: compile_configs()  ───► one compile per config in the executor
+          first call: announce the module ──► workers import it (_preimport, high priority)
+                      compile_configs()  ───► one compile per config in the executor
                       (AsyncCompileMode,        (held as a batch: longest predicted first)
                        batch held)
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
-                      all landed: leaders timed   _confirm(): the best 5 and all within 5 %,
-                        while compiles ran, again   if screened while compiles still ran
+                      none landed, none running ─ _steal(): cancel() the shortest queued one;
+                        original _bench(config)   Triton's launch compiles it here
+                      all landed: leaders within  _confirm(): timed again if screened while
+                        CONFIRM_MARGIN, again       compiles still ran
           → its timing
         _bench(config=pruned[i])             → the timing measured above
       self.fn.run(best config)                Triton's own launch
@@ -26,7 +30,11 @@ the JIT's cache holds a stand-in that raises the worker's exception (a proxy of 
 at launch, so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and
 ``CompileTimeAssertionFailure`` to ``inf`` and lets anything else propagate, exactly as stock
 Triton does, and if every config fails, Triton's final launch raises it. Nothing failed is ever
-compiled again in this process.
+compiled again in this process. A kernel a worker could not load (``KernelTransferError``) is
+compiled here by Triton's own launch, as stock.
+
+Threads: a tune runs entirely on the thread that launched the kernel, under the autotuner's
+lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads.
 """
 
 from __future__ import annotations
