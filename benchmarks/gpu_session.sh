@@ -11,6 +11,9 @@
 #     device machine's copy has no git history)
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
+#   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
+#     liger-kernel==0.8.5`: pure-Python wheels)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +23,10 @@ export PYTHONUNBUFFERED=1
 wheels=(.whl/loky-*.whl)
 ls .whl/helion-*.whl >/dev/null 2>&1 && wheels+=(.whl/helion-*.whl .whl/filecheck-*.whl)
 python3 -c "import packaging" 2>/dev/null || wheels+=(.whl/packaging-*.whl)
+if [ "${1:-tests}" = libraries ]; then
+  wheels+=(.whl/fla_core-*.whl .whl/liger_kernel-*.whl)
+  python3 -c "import einops" 2>/dev/null || wheels+=(.whl/einops-*.whl)
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "${wheels[@]}" || exit 1
 # Measurement-only shim: torch 2.11 lacks the IntelGPUError that helion 1.5.1 imports.
@@ -95,6 +102,21 @@ case "${1:-tests}" in
     timeout "${AUTOTUNE_TIMEOUT:-380}" python3 -m benchmarks.triton_autotune_bench \
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
       ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} ${AUTOTUNE_MODES:+--modes $AUTOTUNE_MODES} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
+  libraries)
+    # First the CPU-bound proxy of niced workers against the caller (a few seconds), then
+    # LIBRARY_ROUNDS interleaved rounds (default 3) of stock, use() and install() first, each run
+    # a fresh process with a cold Triton cache; LIBRARIES="fla" picks libraries.
+    [ "${NICE_PROXY:-1}" = 1 ] && timeout 120 python3 -m benchmarks.nice_proxy 2>&1 | tee "$OUT/nice-proxy.md"
+    # Runs accumulate in LIBRARY_RESULTS (kept on the machine between calls: bench-out/ is not
+    # replaced; remove it to start afresh), so LIBRARY_ROUNDS=1 per call, LIBRARY_CHECK=0 and
+    # NICE_PROXY=0 until the last, spreads the rounds over calls.
+    mkdir -p bench-out
+    timeout "${LIBRARY_TIMEOUT:-580}" python3 -m benchmarks.triton_library_bench \
+      --out "$OUT/library-bench.md" --rounds "${LIBRARY_ROUNDS:-3}" \
+      --results "${LIBRARY_RESULTS:-bench-out/library-runs.jsonl}" \
+      $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
+      ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
+      2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"

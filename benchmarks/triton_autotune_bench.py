@@ -183,6 +183,7 @@ def child(kernel: str, mode: str, workers: int) -> dict[str, Any]:
     if executor is not None:
         stats = executor.statistics()
         result["compiles"] = stats.completed + stats.failed
+        result["compiled_here"] = stats.cancelled  # taken back by the tune's own thread
         result["first_compile"] = _first_compile(executor, start)
         executor.shutdown()
     result["bench_time_s"] = getattr(autotuned, "bench_time", None)

@@ -27,6 +27,7 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
+from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.compiler.errors import CompilationError  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
@@ -40,16 +41,13 @@ from precompile_executor import (  # noqa: E402
 )
 from precompile_executor.examples import autotune_kernels  # noqa: E402
 from precompile_executor.triton import (  # noqa: E402
-    CompileOnlyDriver,
     UnsupportedTritonError,
+    _preimport,  # noqa: E402
     classify,
-    parse_target,
 )
+from precompile_executor.triton import _autotune_tune as _tune  # noqa: E402
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
 
-TARGET = "cuda:90"
-SM90_MAX_SHARED_BYTES = 232448
-"""The opt-in shared memory per block of an H100/H200 (227 KiB): what Triton checks at load."""
 TASK_TIMEOUT_S = 60.0
 """Per-compile timeout of the test executor, so a hung compiler cannot hang a test."""
 LOGGER = "precompile_executor.triton.autotune"
@@ -106,65 +104,7 @@ def asm_jit(x_ptr, n, ASM: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(x_ptr + offs, y, mask=offs < n)
 
 
-# -- a GPU whose launches do nothing ------------------------------------------------------------
-
-
-class FakeTensor:
-    """What the JIT reads of a tensor argument: its dtype and a 16-byte-aligned address.
-
-    ``zero_``, ``clone`` and ``copy_`` (what ``reset_to_zero``/``restore_value`` call) are
-    recorded in ``log``.
-    """
-
-    def __init__(self, dtype: Any, log: list[str] | None = None) -> None:
-        self.dtype = dtype
-        self.log = log if log is not None else []
-
-    def data_ptr(self) -> int:
-        return 1 << 20
-
-    def zero_(self) -> FakeTensor:
-        self.log.append("zero_")
-        return self
-
-    def clone(self) -> FakeTensor:
-        self.log.append("clone")
-        return FakeTensor(self.dtype, self.log)
-
-    def copy_(self, other: FakeTensor) -> FakeTensor:
-        self.log.append("copy_")
-        return self
-
-
-class DryRunGPU(CompileOnlyDriver):
-    """Triton's active driver for an sm_90 device: launches are recorded, never run.
-
-    Each instance is a different device to the JIT, so no test sees another's in-memory kernels.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(parse_target(TARGET))
-        self.device = f"dry-run-sm90-{uuid.uuid4().hex[:8]}"
-        self.launches: list[dict[str, Any]] = []
-        self.utils = _DryRunUtils()
-        self.launcher_cls = self._launcher
-
-    def _launcher(self, src: Any, metadata: Any) -> Callable[..., None]:
-        names = src.fn.arg_names
-        constants = {names[path[0]]: value for path, value in src.constants.items()}
-
-        def launch(*_: Any) -> None:
-            self.launches.append({**constants, "num_warps": metadata.num_warps})
-
-        return launch
-
-
-class _DryRunUtils:
-    def get_device_properties(self, device: Any) -> dict[str, int]:
-        return {"max_shared_mem": SM90_MAX_SHARED_BYTES, "multiprocessor_count": 132}
-
-    def load_binary(self, name: str, kernel: Any, shared: int, device: Any) -> tuple[Any, ...]:
-        return None, None, 32, 0, 1024  # module, function, registers, spills, max threads
+# -- a GPU whose launches do nothing: tests/dry_run_gpu.py ---------------------------------------
 
 
 class Bench:
@@ -201,11 +141,17 @@ class CompileLog:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, bool]] = []
+        self.compiled_blocks: list[Any] = []
+        """The ``BLOCK`` of each compile this process ran itself (not a cache hit)."""
 
     def __call__(
         self, *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
     ) -> None:
         self.events.append((src.name, cache_hit))
+        if not cache_hit:
+            names = src.fn.arg_names
+            constants = {names[path[0]]: value for path, value in src.constants.items()}
+            self.compiled_blocks.append(constants.get("BLOCK"))
 
 
 # -- fixtures -----------------------------------------------------------------------------------
@@ -215,6 +161,28 @@ class CompileLog:
 def _release_workers() -> Iterator[None]:
     yield
     stop_idle_workers()
+
+
+@pytest.fixture(autouse=True)
+def _worker_path_only(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check what happens in the executor's workers (isolation, order, timings):
+    the tune's own thread compiles nothing unless a test asks for it with ``steals``."""
+    if "steals" not in request.fixturenames:
+        monkeypatch.setattr(_tune, "STEALS", False)
+    if "preimports" not in request.fixturenames:
+        monkeypatch.setattr(_preimport, "PREIMPORTS", False)  # only compiles in the counts
+
+
+@pytest.fixture
+def preimports() -> None:
+    """The default: workers import a kernel's module ahead of its configs."""
+    assert _preimport.PREIMPORTS
+
+
+@pytest.fixture
+def steals() -> None:
+    """The default: the tune's thread compiles queued configs no worker is ready for."""
+    assert _tune.STEALS
 
 
 @pytest.fixture(scope="module")
@@ -315,30 +283,35 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
     def other_thread() -> None:
         seen_by_other_thread.append(pe_autotune.installed())
 
+    def on_other_thread() -> None:
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+
+    pool = ThreadPoolExecutor(1)
     assert not pe_autotune.installed()
-    with pe_autotune.use():
+    with pe_autotune.use(pool):
         assert pe_autotune.installed() and current() != stock
         with pe_autotune.use(ThreadPoolExecutor(1)):
             assert pe_autotune.installed()
         assert current() != stock
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join(10)
+        on_other_thread()
     assert current() == stock and not pe_autotune.installed()
-    assert seen_by_other_thread == [False]  # use() is scoped to its own thread
+    on_other_thread()
+    assert seen_by_other_thread == [True, False]  # a block is open for every thread
+    pool.shutdown()
 
-    with pytest.raises(KeyError), pe_autotune.use():
+    with pytest.raises(KeyError), pe_autotune.use(pool):
         raise KeyError("inside")
     assert current() == stock
 
-    pe_autotune.install()
+    pe_autotune.install(pool)
     try:
-        thread = threading.Thread(target=other_thread)
-        thread.start()
-        thread.join(10)
-        assert seen_by_other_thread == [False, True]
-        pe_autotune.install()  # again: replaces the executor, still one patch
-        with pe_autotune.use():
+        on_other_thread()
+        assert seen_by_other_thread == [True, False, True]
+        pe_autotune.install(pool)  # again: replaces the executor, still one patch
+        with pe_autotune.use(pool):
             pass
         assert current() != stock
     finally:
@@ -478,45 +451,67 @@ def test_a_new_key_compiles_each_pruned_config_in_workers_and_benchmarks_it_from
     assert gpu.launches[-1]["BLOCK"] == 256
 
 
-@pytest.mark.timeout(180)
-def test_leaders_timed_while_compiles_ran_are_timed_again_after_the_last_landed_and_decide(
-    executor: PrecompileExecutor, gpu: DryRunGPU
-) -> None:
-    # A busy CPU slows every timing taken while workers still compile: this benchmark says
-    # 1.5× the quiet time then. Quietly BLOCK=256 wins (1.0) over BLOCK=512 (1.2); a choice
-    # made from the screening alone could pick 512 when 256 was screened while compiles ran.
-    quiet_ms = {64: 5.0, 128: 3.0, 256: 1.0, 512: 1.2, 1024: 4.0}
+def _tune_under_load(
+    executor: PrecompileExecutor, gpu: DryRunGPU, quiet_ms: dict[int, float], load: float
+) -> tuple[Any, list[tuple[int, bool]]]:
+    """Autotune ``double_jit`` over ``DOUBLE_CONFIGS`` with a benchmark that reports ``load`` ×
+    the quiet time while any compile of the tune is unfinished (a busy CPU only adds time);
+    return the kernel and each benchmark's (BLOCK, every compile had finished)."""
     before = _completed(executor)
-    calls: list[tuple[int, bool]] = []  # (BLOCK, every compile of the tune had finished)
+    calls: list[tuple[int, bool]] = []
 
     def times_ms(launched: dict[str, Any]) -> float:
         finished = _completed(executor) - before == len(DOUBLE_CONFIGS)
         calls.append((launched["BLOCK"], finished))
-        return quiet_ms[launched["BLOCK"]] * (1.0 if finished else 1.5)
+        return quiet_ms[launched["BLOCK"]] * (1.0 if finished else load)
 
     kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms))(
         double_jit
     )
     with pe_autotune.use(executor):
         kernel[GRID](*_double_args(8192))
-
     assert _completed(executor) - before == len(DOUBLE_CONFIGS)
+    return kernel, calls
+
+
+@pytest.mark.timeout(180)
+def test_leaders_within_noise_timed_while_compiles_ran_are_timed_again_and_decide(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    # Quietly BLOCK=128 wins (1.0) over BLOCK=64 (1.05), within CONFIRM_MARGIN of each other;
+    # both are in the first wave (the shortest predicted compiles), so they are screened while
+    # the rest compile, at 1.08× (within the margin): the screening alone could pick either.
+    quiet_ms = {64: 1.05, 128: 1.0, 256: 3.0, 512: 4.0, 1024: 5.0}
+    kernel, calls = _tune_under_load(executor, gpu, quiet_ms, load=1.08)
     noisy = [block for block, finished in calls if not finished]
-    assert noisy  # the screening began while compiles still ran (as they landed)
-    # Each of those leaders (with five configs: all of them) was timed again, after the last
-    # compile had finished, and that quiet timing is the one Triton's loop recorded.
-    for block in noisy:
-        assert (block, True) in calls[calls.index((block, False)) + 1 :]
-    assert {c.kwargs["BLOCK"]: t[0] for c, t in kernel.configs_timings.items()} == quiet_ms
-    assert kernel.best_config.kwargs["BLOCK"] == 256
-    assert gpu.launches[-1]["BLOCK"] == 256
+    assert {64, 128} & set(noisy)  # a leader was screened while compiles still ran
+    # Each leader screened so was timed again after the last compile had finished, and that
+    # quiet timing is the one Triton's loop recorded; the others were timed once.
+    timings = {c.kwargs["BLOCK"]: t[0] for c, t in kernel.configs_timings.items()}
+    for block in (64, 128):
+        if block in noisy:
+            assert (block, True) in calls[calls.index((block, False)) + 1 :]
+        assert timings[block] == quiet_ms[block]
+    for block in (256, 512, 1024):
+        assert [b for b, _ in calls].count(block) == 1
+    assert kernel.best_config.kwargs["BLOCK"] == 128
+    assert gpu.launches[-1]["BLOCK"] == 128
     # Nothing is timed more than twice (screening, then at most one confirmation). Not "only
     # what this test saw as noisy": the test reads "every compile finished" from the executor's
     # statistics, which can trail the futures the tune watches, so a timing this test counts as
     # quiet may still have been screened before the tune saw its last compile land (seen on an
     # H200).
     assert all(calls.count(call) + calls.count((call[0], not call[1])) <= 2 for call in calls)
-    assert len(calls) <= 2 * len(DOUBLE_CONFIGS)
+
+
+@pytest.mark.timeout(180)
+def test_a_winner_clear_of_the_noise_is_not_timed_again(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    quiet_ms = {64: 3.0, 128: 1.0, 256: 4.0, 512: 5.0, 1024: 6.0}
+    kernel, calls = _tune_under_load(executor, gpu, quiet_ms, load=1.08)
+    assert sorted(b for b, _ in calls) == [64, 128, 256, 512, 1024]  # each benchmarked once
+    assert kernel.best_config.kwargs["BLOCK"] == 128
 
 
 @pytest.mark.timeout(180)
@@ -594,6 +589,425 @@ def test_cache_results_a_disk_hit_compiles_nothing(
     assert _completed(executor) == before and again.calls == []
     assert str(fresh.best_config) == str(kernel.best_config)
     assert compile_log.events == []
+
+
+# -- every thread, one tune per kernel, compiles here -------------------------------------------
+
+
+def _double_kernel(gpu: DryRunGPU, configs: list[Any] | None = None) -> tuple[Any, Bench]:
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    configs = DOUBLE_CONFIGS[1:4] if configs is None else configs
+    return triton.autotune(configs=configs, key=["n"], do_bench=bench)(double_jit), bench
+
+
+@pytest.mark.timeout(240)
+def test_autotunes_on_any_thread_compile_in_the_workers_while_a_block_is_open(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    # Four kernels with configs of their own (num_warps differs), so each compiles its own.
+    kernels = [
+        _double_kernel(gpu, [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256, 512)])
+        for w in (1, 2, 4, 8)
+    ]
+    errors: list[BaseException] = []
+
+    def tune(index: int) -> None:
+        try:
+            kernels[index][0][GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    go = threading.Event()
+    early = threading.Thread(target=lambda: go.wait(60) and tune(2))
+    early.start()  # a thread that exists before the block
+    before = _completed(executor)
+    with pe_autotune.use(executor):
+        plain = threading.Thread(target=tune, args=(0,))
+        plain.start()
+        plain.join(120)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(tune, 1).result(120)
+        go.set()
+        early.join(120)
+        assert not plain.is_alive() and not early.is_alive()
+    assert errors == []
+    assert _completed(executor) - before == 3 * 3  # every config of the three, in workers
+    assert compile_log.compiled_blocks == []  # none compiled in this process
+    for kernel, _ in kernels[:3]:
+        assert kernel.best_config.kwargs["BLOCK"] == 256
+
+    # The block is closed: another thread's autotune is stock Triton's again.
+    after = threading.Thread(target=tune, args=(3,))
+    after.start()
+    after.join(120)
+    assert errors == [] and _completed(executor) - before == 9
+    assert kernels[3][0].best_config.kwargs["BLOCK"] == 256
+
+
+@pytest.mark.timeout(120)
+def test_an_inner_block_wins_on_its_thread_and_other_threads_follow_the_newest(
+    gpu: DryRunGPU,
+) -> None:
+    outer, inner = CountingThreads(), CountingThreads()
+    entered, leave = threading.Event(), threading.Event()
+    kernels = [
+        _double_kernel(gpu, [triton.Config({"BLOCK": b}, num_warps=w) for b in (128, 256)])[0]
+        for w in (1, 2, 4)
+    ]
+
+    def with_inner_block() -> None:
+        with pe_autotune.use(inner):
+            kernels[0][GRID](*_double_args())  # its own block: inner
+            entered.set()
+            leave.wait(60)
+
+    try:
+        with pe_autotune.use(outer):
+            thread = threading.Thread(target=with_inner_block)
+            thread.start()
+            assert entered.wait(120)
+            kernels[1][GRID](*_double_args())  # this thread's own block: outer
+            with ThreadPoolExecutor(1) as pool:  # no block of its own: the newest, inner
+                pool.submit(lambda: kernels[2][GRID](*_double_args())).result(120)
+            leave.set()
+            thread.join(60)
+    finally:
+        leave.set()
+        outer.shutdown()
+        inner.shutdown()
+    assert (outer.submitted, inner.submitted) == (2, 4)
+
+
+@pytest.mark.timeout(240)
+def test_two_threads_cold_autotuning_one_kernel_tune_it_once(
+    executor: PrecompileExecutor, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    kernel, bench = _double_kernel(gpu)
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            start.wait(30)
+            kernel[GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    before = _completed(executor)
+    with pe_autotune.use(executor):
+        threads = [threading.Thread(target=launch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+    assert errors == []  # stock Triton: a TypeError from the shared Autotuner.nargs (#11494)
+    assert _completed(executor) - before == 3  # each config compiled once
+    assert compile_log.compiled_blocks == []
+    assert sorted({c["BLOCK"] for c in bench.calls}) == [128, 256, 512]  # one tune's benchmarks
+    assert len(kernel.cache) == 1 and kernel.best_config.kwargs["BLOCK"] == 256
+    assert [launched["BLOCK"] for launched in gpu.launches[-2:]] == [256, 256]  # both calls
+
+
+BLOCKER_WAIT_S = 120.0
+
+
+def _wait_for_file(path: str) -> None:
+    """A task that holds its worker until ``path`` exists (at most ``BLOCKER_WAIT_S``)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + BLOCKER_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(240)
+def test_while_no_worker_is_ready_the_callers_thread_compiles_each_config_once(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path
+) -> None:
+    release = tmp_path / "release"
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    with PrecompileExecutor(1, timeout=TASK_TIMEOUT_S * 3, classify=classify) as pool:
+        blocker = pool.submit(_wait_for_file, str(release))
+        _wait_until(lambda: pool.statistics().running == 1)  # its only worker is taken
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+        release.touch()
+        blocker.result(BLOCKER_WAIT_S)
+        stats = pool.statistics()
+    # Every config was taken back from the queue and compiled here, once each; no worker ran one.
+    assert sorted(compile_log.compiled_blocks) == [64, 128, 256, 512, 1024]
+    assert stats.completed == 1 and stats.cancelled == len(DOUBLE_CONFIGS)
+    assert kernel.best_config.kwargs["BLOCK"] == 256  # the same winner as stock Triton's
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
+@pytest.mark.timeout(240)
+def test_the_callers_thread_and_the_workers_share_the_queue_without_compiling_twice(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path
+) -> None:
+    import site
+
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    # A cold worker (an initializer of this test's own: no pooled worker fits): this thread
+    # compiles queued configs until the worker is ready, then the worker takes the rest.
+    with PrecompileExecutor(
+        1,
+        initializer=site.addsitedir,
+        initargs=(str(tmp_path),),
+        timeout=TASK_TIMEOUT_S,
+        classify=classify,
+    ) as pool:
+        with pe_autotune.use(pool):
+            kernel[GRID](*_double_args())
+        stats = pool.statistics()
+    here = compile_log.compiled_blocks
+    assert len(here) == len(set(here))
+    assert stats.completed + len(here) == len(DOUBLE_CONFIGS)  # each compiled exactly once
+    assert stats.cancelled == len(here)
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    assert {c["BLOCK"] for c in bench.calls} == {64, 128, 256, 512, 1024}
+
+
+_WARMLIB_INIT = """
+import os
+
+import triton
+import triton.language as tl
+
+with open(os.environ["PE_WARMLIB_MARKER"], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")  # who imported this package
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+
+
+import pe_warm_hook  # the test's: how to autotune and call a kernel on the dry-run GPU
+
+scale = pe_warm_hook.autotuned(scale_kernel)
+pe_warm_hook.call(scale)  # the library warms its kernel while it imports
+"""
+
+_WARMLIB_LATER = """
+import triton
+import triton.language as tl
+
+import pe_warm_hook
+
+
+@triton.jit
+def shift_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+
+
+shift = pe_warm_hook.autotuned(shift_kernel)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_kernel_called_while_its_package_imports_is_never_imported_by_a_worker(
+    gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+    import types
+
+    name = f"pe_warmlib_{uuid.uuid4().hex[:8]}"
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text(_WARMLIB_INIT)
+    (package / "later.py").write_text(_WARMLIB_LATER)
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("PE_WARMLIB_MARKER", str(imports))
+    hook = types.ModuleType("pe_warm_hook")
+    hook.autotuned = (
+        lambda fn: triton.autotune(  # type: ignore[attr-defined]
+            configs=DOUBLE_CONFIGS[1:4],
+            key=["n"],
+            do_bench=Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]]),
+        )(fn)
+    )
+    hook.call = lambda kernel: kernel[GRID](*_double_args())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pe_warm_hook", hook)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with (
+            # Fresh workers that can import the package (this test's path is their initializer's).
+            PrecompileExecutor(
+                2,
+                initializer=site.addsitedir,
+                initargs=(str(tmp_path),),
+                timeout=TASK_TIMEOUT_S,
+                classify=classify,
+            ) as pool,
+            pe_autotune.use(pool),
+        ):
+            library = importlib.import_module(name)  # tunes scale while importing
+            later = importlib.import_module(f"{name}.later")
+            later.shift[GRID](*_double_args())  # a kernel of the same package, after its import
+            stats = pool.statistics()
+        assert pe_autotune.imports_that_launch() >= {name}
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+    assert imports.read_text().split() == [str(os.getpid())]  # no worker imported the package
+    assert stats.completed == 2 * 3  # both kernels' configs compiled in the workers
+    assert compile_log.compiled_blocks == []
+    assert library.scale.best_config.kwargs["BLOCK"] == 256
+    assert later.shift.best_config.kwargs["BLOCK"] == 256
+
+
+_PLAINLIB_INIT = """
+import os
+
+import triton
+import triton.language as tl
+
+with open(os.environ["PE_PLAINLIB_MARKER"], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")  # who imported this package
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_each_worker_imports_a_kernels_module_in_a_task_of_its_own_before_the_configs(
+    preimports: None,
+    gpu: DryRunGPU,
+    compile_log: CompileLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+
+    name = f"pe_plainlib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_PLAINLIB_INIT)
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("PE_PLAINLIB_MARKER", str(imports))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        library = importlib.import_module(name)
+        bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+        kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(
+            library.scale_kernel
+        )
+        with PrecompileExecutor(
+            2,
+            initializer=site.addsitedir,
+            initargs=(str(tmp_path),),
+            timeout=TASK_TIMEOUT_S,
+            classify=classify,
+        ) as pool:
+            workers = set(pool.warm_up(TASK_TIMEOUT_S))
+            with pe_autotune.use(pool):
+                kernel[GRID](*_double_args())
+            stats = pool.statistics()
+    finally:
+        sys.modules.pop(name, None)
+    importers = imports.read_text().split()
+    assert importers[0] == str(os.getpid())
+    assert {int(pid) for pid in importers[1:]} <= workers  # workers, each once
+    assert len(importers[1:]) == len(set(importers[1:])) >= 1
+    assert stats.completed == 3 + len(workers)  # the configs, and one import task per worker
+    assert compile_log.compiled_blocks == []
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+
+
+@pytest.mark.timeout(300)
+def test_use_without_an_executor_starts_the_warm_default_at_once_and_tunes_through_it(
+    steals: None, gpu: DryRunGPU, compile_log: CompileLog
+) -> None:
+    import os
+
+    from precompile_executor.triton import _submit
+    from precompile_executor.triton._prewarm import WORKER_NICENESS
+
+    kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
+    with pe_autotune.use():
+        default = _submit.default_executor()
+        warming = [t for t in threading.enumerate() if t.name.endswith("triton-warm-up")]
+        before = default.statistics()
+        kernel[GRID](*_double_args())
+        after = default.statistics()
+    assert isinstance(default, PrecompileExecutor) and warming  # started as the block opened
+    # Each config compiled once: in a worker, or here while no worker was ready for it.
+    here = compile_log.compiled_blocks
+    assert len(here) == len(set(here))
+    assert after.completed - before.completed + len(here) == len(DOUBLE_CONFIGS)
+    assert after.cancelled - before.cancelled == len(here)
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    # Its workers: warm (prewarm_worker in their template), niced, and with no GPU to touch.
+    own = os.nice(0)
+    assert default.submit(os.nice, 0).result(120) == own + WORKER_NICENESS
+    assert default.submit(os.getenv, "CUDA_VISIBLE_DEVICES").result(120) == ""
+
+
+_INSTALLLIB_INIT = """
+from precompile_executor.triton import autotune as pe_autotune
+
+pe_autotune.install()  # a library that opens the integration when imported
+
+
+def state():
+    import psutil
+
+    from precompile_executor.triton import _submit, _worker
+
+    return (
+        _worker.in_compile_worker,
+        pe_autotune.installed(),
+        _submit._default is None,
+        len(psutil.Process().children(recursive=True)),
+    )
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_library_that_installs_at_import_starts_no_pool_in_a_worker_that_imports_it(
+    tmp_path: Path,
+) -> None:
+    import os
+    import site
+
+    from precompile_executor.triton._worker import import_modules
+
+    name = f"pe_installlib_{uuid.uuid4().hex[:8]}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(_INSTALLLIB_INIT)
+    with PrecompileExecutor(
+        1, initializer=site.addsitedir, initargs=(str(tmp_path),), timeout=TASK_TIMEOUT_S
+    ) as pool:
+        assert pool.submit(import_modules, (name,), os.getpid()).result(120) == []
+        probe = f"__import__({name!r}).state()"  # evaluated in the worker, plain data back
+        in_worker, installed, no_default, children = pool.submit(eval, probe).result(120)
+    assert in_worker and installed  # the library's install() ran there, patching only
+    assert no_default and children == 0  # and started no executor, no process
 
 
 # -- failures -----------------------------------------------------------------------------------

@@ -19,9 +19,19 @@ this module touches:
 :func:`check_triton` pins the versions and checks every signature and private name this relies on,
 and refuses anything else with :class:`~._errors.UnsupportedTritonError` before patching anything.
 
-Threads: patching and restoring happen under ``_lock``. ``use()`` scopes its executor to the
-calling thread's context (a ``ContextVar``); ``install()`` applies to every thread that has no
-``use()`` block of its own. A tune runs entirely on the thread that launched the kernel.
+Scope: one :class:`~precompile_executor._scope.Scope` (:data:`SCOPE`) holds the open ``use()``
+blocks and the installation, with the rule every integration follows: while a block is open, an
+autotune started on *any* thread goes through it (autograd's backward threads, pool threads,
+threads started before the block); an inner ``use(ex)`` wins for what runs in its own context;
+else the newest open block; else ``install()``'s executor; else stock. The scope activates the
+seam (check Triton, patch) when its first holder arrives and restores Triton's methods when the
+last leaves; Triton's originals are kept in one place (``_autotune_tune.ORIGINALS``) and never
+dropped, so a tune still running on another thread when the last block closes finishes with them.
+
+Threads: a tune runs entirely on the thread that launched the kernel. Two threads meeting the
+same autotuner on a tuning key it has not seen do not both tune: one tunes and the other waits
+for its result (``_autotune_tune.tuning_lock``; stock Triton shares ``Autotuner.nargs`` between
+them and crashes, https://github.com/triton-lang/triton/issues/11494).
 """
 
 from __future__ import annotations
@@ -30,14 +40,15 @@ import contextlib
 import contextvars
 import importlib.metadata
 import inspect
-import threading
 import types
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
+from .._scope import OFF, Scope
 from . import _autotune_tune as _tune
 from ._errors import UnsupportedTritonError
+from ._submit import start_default_warm_up
 
 SUPPORTED_TRITON_SERIES = ("3.6", "3.9")
 """Triton release series whose autotuner this module was written against and tested with."""
@@ -46,11 +57,6 @@ _RUN_PARAMS = ("self", "args", "kwargs")
 _PRUNE_PARAMS = ("self", "kwargs")
 _BENCH_PARAMS = ("self", "args", "config", "meta")
 _JIT_RUN_PARAMS = ("self", "args", "grid", "warmup", "kwargs")
-
-_lock = threading.RLock()
-_users = 0
-"""``install()`` (counted once) plus every ``use()`` block still open; the patch stays while > 0."""
-_originals: dict[str, Any] = {}
 
 
 def triton_version() -> str:
@@ -159,84 +165,104 @@ def _seam_problems() -> list[str]:
 
 
 def installed() -> bool:
-    """Return whether autotunes launched on this thread compile their configs in workers."""
-    return _tune.current_executor() is not _tune.OFF
+    """Return whether an autotune starting now, on this thread, compiles its configs in workers
+    (a ``use()`` block is open on some thread, or ``install()`` was called)."""
+    return SCOPE.current() is not OFF
 
 
-def _acquire() -> None:
-    """Check Triton and patch the autotuner for one more user (first user: patch)."""
-    global _users
-    with _lock:
-        if _users == 0:
-            check_triton()
-            from triton.runtime.autotuner import Autotuner
+def _activate() -> None:
+    """The scope's first holder: check Triton, then patch (under the scope's lock)."""
+    check_triton()
+    from triton.runtime.autotuner import Autotuner
 
-            for name, patched in (
-                ("run", _tune.patched_run),
-                ("prune_configs", _tune.patched_prune_configs),
-                ("_bench", _tune.patched_bench),
-            ):
-                _originals[name] = Autotuner.__dict__[name]
-                _tune.ORIGINALS[name] = _originals[name]
-                setattr(Autotuner, name, patched)
-        _users += 1
+    for name, patched in _patches().items():
+        current = Autotuner.__dict__[name]
+        if current is not patched:  # kept across deactivations: see the module docstring
+            _tune.ORIGINALS[name] = current
+        setattr(Autotuner, name, patched)
 
 
-def _release() -> None:
-    """One user fewer; the last one puts Triton's methods back."""
-    global _users
-    with _lock:
-        _users -= 1
-        if _users == 0:
-            from triton.runtime.autotuner import Autotuner
+def _patches() -> dict[str, Any]:
+    return {
+        "run": patched_run,
+        "prune_configs": _tune.patched_prune_configs,
+        "_bench": _tune.patched_bench,
+    }
 
-            for name, original in _originals.items():
-                setattr(Autotuner, name, original)
-            _originals.clear()
+
+def _deactivate() -> None:
+    """The scope's last holder left: put Triton's methods back (under the scope's lock)."""
+    from triton.runtime.autotuner import Autotuner
+
+    for name in _patches():
+        setattr(Autotuner, name, _tune.ORIGINALS[name])
+
+
+SCOPE = Scope("triton_autotune", activate=_activate, deactivate=_deactivate)
+"""The open ``use()`` blocks and the installation (``precompile_executor._scope``); tests close
+everything with ``SCOPE.reset()``."""
+
+
+def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Autotuner.run``: stock when no block is open and nothing is installed, else tuned in
+    the scope's current executor (``_autotune_tune.run``)."""
+    executor = SCOPE.current()
+    if executor is OFF:
+        return _tune.ORIGINALS["run"](self, *args, **kwargs)
+    return _tune.run(self, executor, args, kwargs)
 
 
 @contextlib.contextmanager
 def use(executor: Executor | None = None) -> Iterator[None]:
-    """Within the block, ``@triton.autotune`` kernels compile their configs in ``executor``.
+    """While the block is open, ``@triton.autotune`` kernels compile their configs in ``executor``.
 
-    Autotunes launched on this thread (this context) inside the block, on a tuning key they have
-    not seen, compile every pruned config in the executor's workers and benchmark each one as
-    soon as it is in this process's cache. Blocks nest; the innermost wins. Triton's methods are
-    put back when the last block (and any ``install()``) ends, also on an exception.
+    The block is open for the whole process: an autotune that starts, on a tuning key its
+    kernel has not seen, on *any* thread while it is open — this one, autograd's backward
+    threads, a ``threading.Thread`` or pool thread, one started before the block — compiles every
+    pruned config in the executor's workers and benchmarks each as soon as it is in this
+    process's cache. Blocks nest: the innermost block of this thread's context wins for what runs
+    inside it; a thread with no block of its own follows the most recently entered open block.
+    Triton's methods are put back when the last block (and any ``install()``) ends, also on an
+    exception. See ``docs/triton.md``, "Which autotunes a block covers".
 
     Args:
-        executor: where to compile; ``None`` means the shared default ``PrecompileExecutor``.
-            Its per-task timeout bounds each compile (``PrecompileExecutor(timeout=...)``).
+        executor: where to compile; ``None`` means the shared default ``PrecompileExecutor``,
+            started warm in the background as the block opens (workers with torch and Triton
+            imported and one compile for this GPU's target done; until they are ready, this
+            thread compiles configs itself, as stock Triton would). An executor's per-task
+            timeout bounds each compile (``PrecompileExecutor(timeout=...)``).
 
     Raises:
         UnsupportedTritonError: the installed Triton is not 3.6 or 3.9 or its autotuner differs;
             nothing was patched.
     """
-    _acquire()
-    token = _tune.scoped_executor.set(executor)
+    block = SCOPE.enter(executor)
+    if executor is None:
+        start_default_warm_up()
     try:
         yield
     finally:
-        _tune.scoped_executor.reset(token)
-        _release()
+        SCOPE.exit(block)
 
 
 def install(executor: Executor | None = None) -> None:
-    """Make every thread's ``@triton.autotune`` kernels compile their configs in ``executor``.
+    """Make ``@triton.autotune`` kernels compile their configs in ``executor``, process-wide.
 
-    A second ``install()`` replaces the executor; :func:`uninstall` undoes it. A ``use()`` block
-    takes precedence on its own thread.
+    Every thread's autotunes use it while no ``use()`` block is open; an open block takes
+    precedence everywhere (see :func:`use`). A second ``install()`` replaces the executor;
+    :func:`uninstall` undoes it. Called first in a program, before the kernels' library is
+    imported, it starts the default executor warming while the program imports.
 
     Args:
-        executor: where to compile; ``None`` means the shared default ``PrecompileExecutor``.
+        executor: where to compile; ``None`` means the shared default ``PrecompileExecutor``,
+            started warm in the background at once (see :func:`use`).
 
     Raises:
         UnsupportedTritonError: see :func:`use`; nothing was patched.
     """
-    with _lock:
-        if _tune.process_executor[0] is _tune.OFF:
-            _acquire()
-        _tune.process_executor[0] = executor
+    SCOPE.install(executor)
+    if executor is None:
+        start_default_warm_up()
 
 
 def uninstall() -> None:
@@ -244,8 +270,4 @@ def uninstall() -> None:
 
     Does nothing if not installed.
     """
-    with _lock:
-        if _tune.process_executor[0] is _tune.OFF:
-            return
-        _tune.process_executor[0] = _tune.OFF
-        _release()
+    SCOPE.uninstall()

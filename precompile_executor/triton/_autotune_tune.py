@@ -2,17 +2,21 @@
 
 ::
 
-    Autotuner.run(*args, **kwargs)            [patched_run: a Tune for this call]
+    Autotuner.run(*args, **kwargs)            [seam's patched_run → run(): the autotuner's lock,
+                                               a Tune for this call]
       prune_configs(kwargs)                   [patched_prune_configs: tune.configs = pruned]
       check_disk_cache / benchmark()          Triton's own; a disk hit never reaches _bench
         _bench(config=pruned[0])              [patched_bench → tune.timing]
-          first call: compile_configs()  ───► one compile per config in the executor
+          first call: announce the module ──► workers import it (_preimport, high priority)
+                      compile_configs()  ───► one compile per config in the executor
                       (AsyncCompileMode,        (held as a batch: longest predicted first)
                        batch held)
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
-                      all landed: leaders timed   _confirm(): the best 5 and all within 5 %,
-                        while compiles ran, again   if screened while compiles still ran
+                      none landed, none running ─ _steal(): cancel() the shortest queued one;
+                        original _bench(config)   Triton's launch compiles it here
+                      all landed: leaders within  _confirm(): timed again if screened while
+                        CONFIRM_MARGIN, again       compiles still ran
           → its timing
         _bench(config=pruned[i])             → the timing measured above
       self.fn.run(best config)                Triton's own launch
@@ -26,7 +30,11 @@ the JIT's cache holds a stand-in that raises the worker's exception (a proxy of 
 at launch, so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and
 ``CompileTimeAssertionFailure`` to ``inf`` and lets anything else propagate, exactly as stock
 Triton does, and if every config fails, Triton's final launch raises it. Nothing failed is ever
-compiled again in this process.
+compiled again in this process. A kernel a worker could not load (``KernelTransferError``) is
+compiled here by Triton's own launch, as stock.
+
+Threads: a tune runs entirely on the thread that launched the kernel, under the autotuner's
+lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads.
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ import contextvars
 import dataclasses
 import logging
 import math
+import threading
+import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import BrokenExecutor, CancelledError, Future, as_completed
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, CancelledError, Future, wait
 from typing import Any
 
 from triton.runtime import _async_compile
@@ -47,7 +57,9 @@ from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
+from ._errors import KernelTransferError
 from ._kernel_ref import unwrap_jit_function
+from ._preimport import announce, module_of
 from ._submit import default_executor
 from ._warm import ConfigCompile, compile_configs, holding_batch
 
@@ -59,58 +71,71 @@ ORIGINALS: dict[str, Any] = {}
 INF_TIMING = [float("inf")] * 3
 """What Triton's ``_bench`` returns for a config that cannot run (one value per quantile)."""
 
-CONFIRM_AT_LEAST = 5
-"""The leaders re-measured once every compile has landed: at least this many best configs…"""
-CONFIRM_MARGIN = 0.05
-"""…and every config whose screening time is within this fraction of the best one's. A config
-screened while workers still compiled shares the CPU with them; on the H200 such timings of the
-matmul's leaders came out up to 10 % high (docs/triton.md, "Timing integrity")."""
+CONFIRM_MARGIN = 0.15
+"""How much a benchmark taken while workers still compile may overstate a config's time: on the
+H200 the matmul's leaders screened so came out up to 14 % above stock's timings of them
+(docs/triton.md, "Timing integrity"). Load only ever adds time, so a config screened more than
+this above the best one is slower than it whatever the load did; only the leaders within it can
+swap places."""
+
+STEALS = True
+"""Whether a tune's own thread compiles queued configs while no worker is ready for them and it
+has nothing to benchmark (``Tune._steal``). It keeps a cold start — workers still starting or
+importing the kernel's module — from ever being slower than stock Triton, at one cost: a config
+compiled here is not isolated, so a compile that crashes takes this process down (as in stock
+Triton). ``False``: every config compiles in the executor."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
-
-OFF: Any = object()
-"""No executor: autotune as stock Triton does."""
-
-scoped_executor: contextvars.ContextVar[Any] = contextvars.ContextVar(
-    "precompile_executor_triton_autotune", default=OFF
-)
-"""The executor of the innermost ``use()`` block of this context (``None``: the shared
-default), or ``OFF``."""
-
-process_executor: list[Any] = [OFF]
-"""The executor of ``install()`` (``None``: the shared default), or ``OFF``; a one-element list
-so the seam can replace it under its lock."""
-
-
-def current_executor() -> Any:
-    """Return the executor autotunes of this context compile in: ``None`` for the shared
-    default, ``OFF`` for none (stock Triton)."""
-    scoped = scoped_executor.get()
-    return scoped if scoped is not OFF else process_executor[0]
-
 
 _running: contextvars.ContextVar[tuple[Tune, ...]] = contextvars.ContextVar(
     "precompile_executor_triton_tunes", default=()
 )
 
+_tuning_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_tuning_locks_lock = threading.Lock()
 
-def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call."""
-    executor = current_executor()
-    if executor is OFF or _async_compile.active_mode.get() is not None:
-        # Off, or inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
-        return ORIGINALS["run"](self, *args, **kwargs)
-    tune = Tune(self, executor, args, kwargs)
-    token = _running.set((*_running.get(), tune))
-    failed = True
-    try:
-        result = ORIGINALS["run"](self, *args, **kwargs)
-        failed = False
-        return result
-    finally:
-        _running.reset(token)
-        tune.close(failed=failed)
+
+def tuning_lock(autotuner: Any) -> threading.RLock:
+    """The lock one autotuner's calls take while the seam is on (one per autotuner).
+
+    Stock Triton keeps a call's arguments in ``Autotuner.nargs`` for the duration of the call,
+    shared by every thread: two threads tuning one kernel at once read each other's (or
+    ``None``) and crash (https://github.com/triton-lang/triton/issues/11494), and would compile
+    every config twice. Holding this lock, a second thread waits for the first one's tune and
+    then finds the key in ``self.cache`` (``Autotuner.run`` checks it itself).
+    """
+    with _tuning_locks_lock:
+        lock = _tuning_locks.get(autotuner)
+        if lock is None:
+            lock = _tuning_locks[autotuner] = threading.RLock()
+        return lock
+
+
+def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call.
+
+    Args:
+        autotuner: the ``Autotuner``.
+        executor: where to compile (``None``: the shared default executor).
+        args: the launch's positional arguments.
+        kwargs: its keyword arguments (``grid``, ``warmup`` included).
+    """
+    original = ORIGINALS["run"]
+    if _async_compile.active_mode.get() is not None:
+        # Inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
+        return original(autotuner, *args, **kwargs)
+    with tuning_lock(autotuner):
+        tune = Tune(autotuner, executor, args, kwargs)
+        token = _running.set((*_running.get(), tune))
+        failed = True
+        try:
+            result = original(autotuner, *args, **kwargs)
+            failed = False
+            return result
+        finally:
+            _running.reset(token)
+            tune.close(failed=failed)
 
 
 def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
@@ -170,6 +195,9 @@ class _Entry:
     """Its timing was taken once every compile of the tune had landed (nothing else ran)."""
     screened: Any = None
     """Its first timing, when a quiet re-measurement replaced it (see ``Tune._confirm``)."""
+    here: bool = False
+    """Its compile was taken back from the executor's queue before any worker started it, and
+    compiled in this process by Triton's own launch (``Tune._steal``)."""
 
     @property
     def config(self) -> Any:
@@ -251,6 +279,7 @@ class Tune:
 
     def _submit(self) -> None:
         executor = self._executor if self._executor is not None else default_executor()
+        announce(executor, [module_of(self.autotuner)])  # workers import it while they wait
         self._adapter = adapter = TritonCompileExecutor(executor)
         configs = self.configs or []
         token = _async_compile.active_mode.set(AsyncCompileMode(adapter, ignore_errors=True))
@@ -289,45 +318,99 @@ class Tune:
 
     def _bench_as_landed(self, bench: Callable[[Any], Any]) -> None:
         """Benchmark every config whose compile is done or in memory, in the order they land
-        (screening), then re-measure the leaders screened while compiles still ran; stop at
-        the first exception (Triton's loop re-raises it on that config's turn)."""
+        (screening); while none has landed and a compile is still queued (no worker ready for
+        it), compile that one here, as stock Triton would (:meth:`_steal`); then re-measure the
+        leaders screened while compiles still ran, if they are within noise of each other. Stop
+        at the first exception (Triton's loop re-raises it on that config's turn)."""
         entries = list(self._entries.values())
         by_future: dict[Future[Any], list[_Entry]] = {}
         for entry in entries:
             if entry.future is not None:
                 by_future.setdefault(entry.future, []).append(entry)
         ready = [e for e in entries if e.future is None and e.compiled.error is None]
+        waiting = set(by_future)
 
         def record(entry: _Entry) -> bool:
-            entry.quiet = all(f.done() for f in by_future)
+            entry.quiet = not waiting
             return self._record(entry, bench)
 
         for entry in ready:
             if not record(entry):
                 return
-        for future in as_completed(by_future):
-            for entry in by_future[future]:
-                if not record(entry):
-                    return
+        while waiting:
+            landed = [f for f in waiting if f.done()]
+            if not landed:
+                stolen = self._steal(waiting, by_future) if STEALS else None
+                if stolen is None:
+                    wait(waiting, return_when=FIRST_COMPLETED)
+                    continue
+                landed = [stolen]
+            for future in landed:
+                waiting.discard(future)
+                for entry in by_future[future]:
+                    if not record(entry):
+                        return
         self._confirm(bench)
 
+    def _steal(
+        self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
+    ) -> Future[Any] | None:
+        """While no worker is compiling for this tune (none is ready: still starting, importing,
+        or busy with other work), take back from the executor's queue the shortest predicted
+        compile, to compile it in this thread; return its future, or ``None``.
+
+        Once a worker compiles for the tune, this thread only benchmarks: from then on the tune
+        takes at most the longer of the workers' compiling and its benchmarks, never stock's sum
+        of both, and a compile taken here would delay the benchmarks by its whole duration.
+
+        The executor keeps a task's future PENDING until a worker really starts it (for
+        ``PrecompileExecutor``, until a started, idle worker takes it; a stdlib pool's queue
+        behaves alike), so ``cancel()`` returning True means no worker has it or ever will: no
+        config is compiled twice. The executor starts the longest predicted first; this thread
+        takes from the other end, so the two meet at the end of the queue.
+        """
+        queued = []
+        for future in waiting:
+            job = by_future[future][0].compiled.job
+            task = job.task_future if job is not None else None
+            if task is None or task.done():
+                continue
+            if task.running():
+                # A worker is compiling for this tune: compiles flow, and this thread's time
+                # is the benchmarks'. Taking a compile now could only delay them.
+                return None
+            queued.append((min(_predicted_s(e.config) for e in by_future[future]), task, future))
+        queued.sort(key=lambda item: item[0])
+        for _, task, future in queued:
+            if task.cancel():
+                for entry in by_future[future]:
+                    entry.here = True
+                    if entry.cache is not None and isinstance(
+                        entry.cache.get(entry.key), FutureKernel
+                    ):
+                        del entry.cache[entry.key]  # Triton's launch compiles it here, now
+                return future
+        return None
+
     def _confirm(self, bench: Callable[[Any], Any]) -> None:
-        """Re-measure, now that every compile has landed, each leader screened while compiles
-        still ran: the best ``CONFIRM_AT_LEAST`` configs and all within ``CONFIRM_MARGIN`` of
-        the best. Their new timings replace the screening's, in ``configs_timings`` and in the
-        choice (docs/triton.md, "Timing integrity")."""
+        """Re-measure, now that every compile has landed, the leaders whose order the load may
+        have changed: when two or more configs lie within ``CONFIRM_MARGIN`` of the best
+        screened time and some of them were screened while compiles still ran, those are timed
+        again, and their new timings replace the screening's in ``configs_timings`` and in the
+        choice. A best config clear of the rest by more than the margin, or leaders all screened
+        quietly, need nothing (docs/triton.md, "Timing integrity")."""
         timed = [
             (first, entry)
             for entry in self._entries.values()
             if entry.measured and (first := _first_timing(entry.outcome)) is not None
         ]
-        if len(timed) < 2:  # nothing to choose between
+        if not timed:
             return
-        timed.sort(key=lambda pair: pair[0])
-        best = timed[0][0]
-        for rank, (first, entry) in enumerate(timed):
-            if rank >= CONFIRM_AT_LEAST and first > best * (1 + CONFIRM_MARGIN):
-                break
+        best = min(first for first, _ in timed)
+        leaders = [entry for first, entry in timed if first <= best * (1 + CONFIRM_MARGIN)]
+        if len(leaders) < 2:
+            return
+        for entry in leaders:
             if entry.quiet:
                 continue
             screened = entry.outcome
@@ -355,10 +438,19 @@ class Tune:
 
     def _measure(self, entry: _Entry, bench: Callable[[Any], Any]) -> Any:
         future = entry.future
-        if future is not None:
+        if future is not None and not entry.here:
             exc = CancelledError() if future.cancelled() else future.exception()
             if exc is None:
                 entry.compiled.kernel.result()  # into the JIT's cache, as Triton finalizes it
+            elif isinstance(exc, KernelTransferError):
+                # The worker could not load this kernel (nothing was compiled): Triton's own
+                # launch compiles it here, as stock Triton does (docs/triton.md, "Failures").
+                logger.debug(
+                    "%s: config %s compiles here: %s", _name(self.autotuner), entry.config, exc
+                )
+                entry.here = True
+                if entry.cache is not None and isinstance(entry.cache.get(entry.key), FutureKernel):
+                    del entry.cache[entry.key]
             else:
                 if entry.cache is not None and entry.key is not None:
                     entry.cache[entry.key] = _FailedCompile(exc)

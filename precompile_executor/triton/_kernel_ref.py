@@ -104,6 +104,9 @@ class KernelRef:
         cache_key: the caller's ``JITFunction.cache_key``; the worker's copy must match it.
         source: the function's source, or ``None`` where it could not be captured.
         source_error: why the source could not be captured, for error messages.
+        importable: whether the worker may import ``module`` to find it. ``False`` for a kernel
+            of a package that calls kernels while it imports (:func:`imports_that_launch`): the
+            worker rebuilds it from source, never running that import.
     """
 
     module: str
@@ -111,6 +114,7 @@ class KernelRef:
     cache_key: str
     source: KernelSource | None
     source_error: str = ""
+    importable: bool = True
 
     @property
     def name(self) -> str:
@@ -120,6 +124,48 @@ class KernelRef:
 
 _refs: weakref.WeakKeyDictionary[Any, KernelRef] = weakref.WeakKeyDictionary()
 _refs_lock = threading.Lock()
+
+_launching_imports: set[str] = set()
+"""Modules (and packages) seen being imported while one of their kernels was sent to a worker:
+their import runs kernels, so no worker imports them (caller side; see ``imports_that_launch``)."""
+
+
+def imports_that_launch() -> frozenset[str]:
+    """Return the modules this process has seen calling kernels while they import.
+
+    A library that warms its kernels at import time calls them while its module (or a package
+    above it) is still being imported. A worker that imported that module to find the kernel
+    would run those calls again — a stock autotune of its own, a GPU context, or, if the library
+    also opens ``precompile_executor.triton.autotune``, compiles sent on from inside a worker.
+    So a kernel sent while its module or a parent package is initializing is sent by source
+    only, and every later kernel under those names too.
+    """
+    with _refs_lock:
+        return frozenset(_launching_imports)
+
+
+def initializing_modules(module: str) -> set[str]:
+    """Return ``module`` and the packages above it that are being imported right now."""
+    names = set()
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        name = ".".join(parts[:end])
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        if spec is not None and getattr(spec, "_initializing", False):
+            names.add(name)
+    return names
+
+
+def launches_at_import(module: str) -> str:
+    """Return the name among ``module`` and its packages known to call kernels while they
+    import (``""``: none)."""
+    parts = module.split(".")
+    with _refs_lock:
+        for end in range(1, len(parts) + 1):
+            name = ".".join(parts[:end])
+            if name in _launching_imports:
+                return name
+    return ""
 
 
 def unwrap_jit_function(kernel: Any) -> Any:
@@ -152,7 +198,9 @@ def kernel_ref(fn: Any) -> KernelRef:
         KernelTransferError: ``fn`` cannot be imported by name in another process and its source
             cannot be captured either.
     """
+    importing = initializing_modules(fn.fn.__module__)
     with _refs_lock:
+        _launching_imports.update(importing)
         cached = _refs.get(fn)
     cache_key = fn.cache_key
     if cached is not None and cached.cache_key == cache_key:
@@ -174,17 +222,16 @@ def _make_ref(fn: Any, cache_key: str, active: set[int]) -> KernelRef:
         source, error = None, str(exc)
     finally:
         active.discard(id(fn))
-    if source is None and not _importable_by_reference(fn):
+    why_not = _why_not_importable(fn)
+    if source is None and why_not:
         raise KernelTransferError(
             f"cannot send kernel {module}.{qualname} to a worker: it is not importable by name "
-            f"({_why_not_importable(fn)}) and {error}. Define it at module level in an importable "
-            "module, or make the globals it uses picklable."
+            f"({why_not}) and {error}. Define it at module level in an importable module, or "
+            "make the globals it uses picklable."
         )
-    return KernelRef(module, qualname, cache_key, source, error)
-
-
-def _importable_by_reference(fn: Any) -> bool:
-    return not _why_not_importable(fn)
+    return KernelRef(
+        module, qualname, cache_key, source, error, importable=not launches_at_import(module)
+    )
 
 
 def _why_not_importable(fn: Any) -> str:
@@ -193,6 +240,9 @@ def _why_not_importable(fn: Any) -> str:
         return "it is defined in __main__"
     if "<locals>" in qualname:
         return "it is defined inside a function"
+    launching = launches_at_import(module)
+    if launching:
+        return f"importing {launching} calls kernels (imports_that_launch())"
     loaded = sys.modules.get(module)
     if loaded is None or getattr(loaded, "__spec__", None) is None:
         return f"module {module} was not imported through the import system"
@@ -335,6 +385,9 @@ def load_kernel(ref: KernelRef) -> tuple[Any, LoadedBy]:
 
 def _import(ref: KernelRef, reasons: list[str]) -> Any:
     if ref.module == "__main__" or "<locals>" in ref.qualname:
+        return None
+    if not ref.importable:
+        reasons.append(f"its module {ref.module} calls kernels while it imports: not imported")
         return None
     try:
         return unwrap_jit_function(_resolve(importlib.import_module(ref.module), ref.qualname))

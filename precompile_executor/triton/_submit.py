@@ -23,6 +23,7 @@ worker's answer arrives; a task's exception (a ``RemoteError`` proxy from
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from triton._C.libtriton import get_cache_invalidating_env_vars
 from triton.compiler import ASTSource
 
 from .._errors import ClusterNodeLost
+from . import _worker
 from ._cache import cached_group, expected_hash, install, load_compiled, metadata_filename
 from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
@@ -249,15 +251,75 @@ def precompile(
 
 _default_lock = threading.Lock()
 _default: Executor | None = None
+_warming: threading.Thread | None = None
 
 
 def default_executor() -> Executor:
     """Return the process-wide :class:`~precompile_executor.PrecompileExecutor` used when no
-    executor is given, creating it on first use (its idle workers exit on their own)."""
+    executor is given, creating it on first use (its idle workers exit on their own).
+
+    Its workers are warm: :func:`~._prewarm.prewarm_worker` runs once in their template —
+    ``import torch, triton``, one tiny compile for this process's GPU target (``"cuda:90"``
+    while it has no CUDA context), a lower CPU priority — and every worker is forked from there.
+    """
     global _default
     with _default_lock:
         if _default is None:
             from precompile_executor import PrecompileExecutor
 
-            _default = PrecompileExecutor(classify=classify)
+            from ._prewarm import WORKER_NICENESS, prewarm_worker
+            from ._target import caller_target
+
+            _default = PrecompileExecutor(
+                classify=classify,
+                initializer=prewarm_worker,
+                initargs=(caller_target(), WORKER_NICENESS),
+            )
         return _default
+
+
+def start_default_warm_up() -> None:
+    """Build the default executor and start its workers on a background thread, once.
+
+    ``precompile_executor.triton.autotune.use()`` and ``install()`` call it as they open, so
+    the workers' start (an interpreter, the imports, a first compile: seconds) runs off the
+    first autotune's critical path; a tune that starts meanwhile compiles in this process the
+    configs no worker is ready for. Does nothing in a compile worker
+    (``_worker.in_compile_worker``).
+    """
+    global _warming
+    if _worker.in_compile_worker:
+        return  # a library opened use()/install() while a worker imported it: no pool here
+    executor = default_executor()
+    with _default_lock:
+        if _warming is not None:
+            return
+        _warming = threading.Thread(
+            target=_warm_up,
+            args=(executor,),
+            name="precompile-executor-triton-warm-up",
+            daemon=True,
+        )
+        _warming.start()
+
+
+def _warm_up(executor: Executor) -> None:
+    from ._preimport import announce, loaded_kernel_modules
+
+    try:
+        # The kernels' modules already loaded (a use() block opened after the library's
+        # import): each worker imports them as it becomes ready, before any config reaches it.
+        announce(executor, loaded_kernel_modules())
+    except Exception:  # noqa: BLE001 - only a lost head start
+        logging.getLogger("precompile_executor.triton").debug("announce failed", exc_info=True)
+    warm_up = getattr(executor, "warm_up", None)
+    if not callable(warm_up):
+        return
+    try:
+        warm_up()
+    except Exception:  # noqa: BLE001 - tasks start workers on demand anyway
+        logging.getLogger("precompile_executor.triton").warning(
+            "starting the default executor's workers in the background failed (they start on "
+            "demand)",
+            exc_info=True,
+        )

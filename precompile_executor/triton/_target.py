@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 from triton.backends.compiler import GPUTarget
@@ -56,3 +57,21 @@ def parse_target(spec: str | Any) -> Any:
 def format_target(target: Any) -> str:
     """Return the ``"backend:arch:warp_size"`` spelling of a ``GPUTarget``."""
     return f"{target.backend}:{target.arch}:{target.warp_size}"
+
+
+FALLBACK_TARGET = "cuda:90"
+"""The target warmed while this process has no CUDA context to ask (asking would create one):
+the costly part of a first compile — loading the compiler and hashing Triton's installation —
+is the same for every target (``benchmarks/fork_cold_probe.py``)."""
+
+
+def caller_target() -> str:
+    """This process's Triton target (``"cuda:90"``) if it has a CUDA context already, else
+    :data:`FALLBACK_TARGET`."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    hip = getattr(getattr(torch, "version", None), "hip", None)
+    if cuda is None or hip or not cuda.is_initialized():
+        return FALLBACK_TARGET
+    major, minor = cuda.get_device_capability(cuda.current_device())
+    return f"cuda:{major}{minor}"

@@ -13,6 +13,7 @@ straight into the caller's cache instead.
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 import threading
@@ -35,6 +36,12 @@ from ._errors import CacheKeyMismatchError
 from ._kernel_ref import load_kernel
 from ._messages import CompiledArtifacts, CompileRequest, decode_constexprs
 
+in_compile_worker = False
+"""True in a process that has run a compile (or a module import) for another process: a worker.
+``precompile_executor.triton.autotune``'s ``use()``/``install()`` there start no executor of
+their own (a library that opens them at import, imported by a worker, must not start a pool
+per worker)."""
+
 _redirect_lock = threading.Lock()
 """Serialises compiles that redirect Triton's process-wide cache directory and environment.
 A worker process runs one task at a time, so this lock costs nothing there."""
@@ -53,6 +60,9 @@ def compile_request(request: CompileRequest) -> CompiledArtifacts:
         CacheKeyMismatchError: this process's Triton computes a different cache hash.
         Exception: whatever ``triton.compile`` raises (``CompilationError``, ``PTXASError``, …).
     """
+    global in_compile_worker
+    if os.getpid() != request.caller_pid:
+        in_compile_worker = True  # before load_kernel imports the kernel's module
     fn, loaded_by = load_kernel(request.kernel)
     src = ASTSource(
         fn, dict(request.signature), decode_constexprs(request.constexprs), dict(request.attrs)
@@ -118,3 +128,19 @@ def _environment(env_vars: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def import_modules(names: tuple[str, ...], caller_pid: int) -> list[str]:
+    """Import kernels' modules ahead of their compiles (``_preimport``); return those that
+    failed. In the caller's own process (a thread pool) it does nothing: they are imported."""
+    global in_compile_worker
+    failed: list[str] = []
+    if os.getpid() == caller_pid:
+        return failed
+    in_compile_worker = True
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the compile that needs it reports its own error
+            failed.append(name)
+    return failed

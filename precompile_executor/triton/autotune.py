@@ -5,28 +5,40 @@ One line, scoped::
     import precompile_executor.triton.autotune as pe_autotune
 
     with pe_autotune.use():             # or use(PrecompileExecutor(16, timeout=60))
-        matmul_kernel[grid](a, b, c, M, N, K, ...)   # first call on this key: tuned
+        loss = model(x).sum()           # every autotune that starts while the block is open:
+        loss.backward()                 # this thread's, autograd's backward threads', any thread's
 
-or process-wide: ``pe_autotune.install()`` (``uninstall()`` undoes it). ``None`` (the default)
-means the shared default ``PrecompileExecutor``.
+or process-wide: ``pe_autotune.install()`` (``uninstall()`` undoes it), best as a program's first
+statement. ``None`` (the default) means the shared default ``PrecompileExecutor``, started warm
+in the background as the block opens (torch and Triton imported, a first compile for this GPU's
+target done, workers at a lower CPU priority).
+
+Scope: a ``use()`` block is open for the whole process; an autotune started on *any* thread
+while it is open goes through it. Of several open blocks, the innermost of the current context
+wins, else the most recently entered one, else ``install()``'s executor, else stock Triton
+(``precompile_executor._scope``). Two threads meeting one kernel on a new key do not both tune:
+one tunes, the other waits for its result.
 
 Inside, a kernel that meets a tuning key it has not seen compiles all of its pruned configs in
 the executor's workers — with exactly this call's arguments, so each compile is the one its
-benchmark launch looks up — longest predicted first, and benchmarks each config as soon as its
-compile is in this process's caches, while the rest still compile; once all have landed, the
-leaders timed while compiles still ran are timed again on the quiet machine, and those timings
-decide (``docs/triton.md``, "Timing integrity"). Everything else is Triton's
-own: pruning, ``do_bench`` (a ``do_bench=`` of yours too), the hooks, ``reset_to_zero`` /
-``restore_value``, ``cache_results`` (a disk hit compiles nothing), ``knobs.autotuning.listener``,
-``bench_time``, ``configs_timings``, ``best_config``. No worker touches the GPU.
+benchmark launch looks up — and benchmarks each config as soon as its compile is in this
+process's caches, while the rest still compile. While nothing has landed and a config is still
+queued (no worker ready for it), the tune's own thread compiles that config itself, as stock
+Triton would, so a cold start is never slower than stock. Leaders within noise of each other that
+were timed while compiles still ran are timed again on the quiet machine, and those timings
+decide (``docs/triton.md``, "Timing integrity"). Everything else is Triton's own: pruning,
+``do_bench`` (a ``do_bench=`` of yours too), the hooks, ``reset_to_zero`` / ``restore_value``,
+``cache_results`` (a disk hit compiles nothing), ``knobs.autotuning.listener``, ``bench_time``,
+``configs_timings``, ``best_config``. No worker touches the GPU.
 
 Failures: ``OutOfResources``, ``PTXASError`` and ``CompileTimeAssertionFailure`` time a config
 ``inf`` as in Triton; a compile that crashes or hangs its worker (past the executor's timeout) is
 timed ``inf`` too and logged once (logger ``precompile_executor.triton.autotune``) with the
-compiler's captured output — it never takes this process down. If every config fails, Triton's
-final launch raises. Only Triton 3.6 and 3.9 are supported: :func:`use` and :func:`install`
-check the autotuner's seam and refuse anything else with ``UnsupportedTritonError``, patching
-nothing. See ``docs/triton.md``, "With ``@triton.autotune``".
+compiler's captured output — it never takes this process down (a config the tune's own thread
+compiled behaves as in stock Triton). If every config fails, Triton's final launch raises. Only
+Triton 3.6 and 3.9 are supported: :func:`use` and :func:`install` check the autotuner's seam and
+refuse anything else with ``UnsupportedTritonError``, patching nothing. See ``docs/triton.md``,
+"With ``@triton.autotune``".
 """
 
 from ._autotune_seam import (
@@ -39,11 +51,13 @@ from ._autotune_seam import (
     use,
 )
 from ._errors import UnsupportedTritonError
+from ._kernel_ref import imports_that_launch
 
 __all__ = [
     "SUPPORTED_TRITON_SERIES",
     "UnsupportedTritonError",
     "check_triton",
+    "imports_that_launch",
     "install",
     "installed",
     "triton_version",

@@ -1,0 +1,660 @@
+"""First training step of real Triton libraries' layers: stock ``@triton.autotune`` vs ours.
+
+    python -m benchmarks.triton_library_bench [--libraries fla,liger] [--modes stock,use,install]
+        [--rounds 3] [--alternations 10] [--out FILE.md] [--timeout S] [--plan]
+
+Needs a CUDA GPU (``--plan`` and ``--help`` do not). Each run is a fresh interpreter with a cold
+Triton cache (its own ``TRITON_CACHE_DIR``) that imports the library, builds the layer's inputs
+and runs its first training step — forward, then backward (autograd's own threads run the
+backward's kernels) — in one of three modes:
+
+* ``stock`` — Triton's autotuner as it is;
+* ``use`` — ``with precompile_executor.triton.autotune.use():`` around the step (the default
+  executor starts, warm, as the block opens);
+* ``install`` — ``autotune.install()`` as the process's first statement, before ``import torch``
+  and the library (the default executor warms while the program imports).
+
+The rounds interleave the modes (round 1: every library × mode, then round 2, …); medians are
+reported. For each run: the whole process's wall time (from the parent), the first forward, the
+step (forward + backward), and per autotuned kernel the time of its tune — from the autotuner's
+``prune_configs`` (called once per new tuning key) to Triton's ``self.cache[key] = best`` — with
+its *benchmarking floor*: the time spent inside ``do_bench`` during that tune (measured in the
+same run, every mode), which no compile strategy removes. Then the **chosen-kernel check**: one
+more process per library runs the step with stock Triton and, for each tuning key where the
+modes chose different configs, times each chosen config with stock's own ``do_bench`` (through
+``Autotuner._bench``), alternating, back to back, ``--alternations`` times; the medians show
+whether ours chose as fast a kernel as stock.
+
+Why these libraries (pure Triton, on the package index, ``pip download --no-deps``; their
+wheels need no compiler):
+
+* ``fla`` — ``fla-core`` (flash-linear-attention's ops, 0.6.0; needs ``einops``): its chunked
+  simple-GLA layer, ``fla.ops.simple_gla.chunk_simple_gla``, whose forward and backward run
+  about ten ``@triton.autotune`` kernels from ``fla.ops.common`` and ``fla.ops.utils`` (4 to 36
+  configs each, several with ``num_stages``/``num_warps`` grids): the shape of a model library
+  where many small, differently shaped kernels each tune on first use, half of them in backward.
+* ``liger`` — ``liger-kernel`` (0.8.5): its fused mixture-of-experts layer
+  (``liger_kernel.ops.fused_moe.LigerFusedMoEFunction``), grouped GEMMs whose forward and
+  backward kernels tune over large GEMM config grids: the shape of a training kernel library with
+  a few big autotuned GEMMs.
+
+``flag-gems`` was considered and left out: its kernels tune through ``LibTuner``, a subclass of
+``Autotuner`` that replaces ``run`` (and keeps its own on-disk timing cache), so neither stock
+``@triton.autotune`` nor this integration's seam is what runs there; it also refuses to import
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+LIBRARIES = ("fla", "liger")
+MODES = ("stock", "use", "install")
+ROUNDS = 3
+ALTERNATIONS = 10
+RUN_TIMEOUT_S = 300.0
+"""A run that takes longer is killed (its process group) and reported as timed out."""
+
+
+# -- the layers (child side) --------------------------------------------------------------------
+
+
+def _fla_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """fla-core's chunked simple GLA: B=4, T=2048, H=8, K=V=128, bf16."""
+    import torch
+    import torch.nn.functional as F
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    torch.manual_seed(0)
+    b, t, h, d = 4, 2048, 8, 128
+    dev, dt = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(b, t, h, d, device=dev, dtype=dt, requires_grad=True) for _ in "qkv")
+    g = F.logsigmoid(torch.randn(b, t, h, device=dev, dtype=torch.float32)).requires_grad_()
+    do = torch.randn(b, t, h, d, device=dev, dtype=dt)
+
+    def forward() -> Any:
+        return chunk_simple_gla(q, k, v, g=g)[0]
+
+    def backward(out: Any) -> None:
+        out.backward(do)
+
+    return forward, backward
+
+
+def _liger_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """liger-kernel's fused MoE: 4096 tokens, hidden 1024, intermediate 1024, 8 experts, top-2."""
+    import torch
+    from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+
+    torch.manual_seed(0)
+    tokens, hidden, inter, experts, top = 4096, 1024, 1024, 8, 2
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(tokens, hidden, device=dev, dtype=dt, requires_grad=True)
+    gate_up = (
+        torch.randn(experts, 2 * inter, hidden, device=dev, dtype=dt) * 0.02
+    ).requires_grad_()
+    down = (torch.randn(experts, hidden, inter, device=dev, dtype=dt) * 0.02).requires_grad_()
+    logits = torch.randn(tokens, experts, device=dev)
+    weights, index = torch.topk(logits.softmax(-1), top, dim=-1)
+    index = index.to(torch.int32)
+    grad = torch.randn(tokens, hidden, device=dev, dtype=dt)
+
+    def forward() -> Any:
+        return LigerFusedMoEFunction.apply(x, gate_up, down, index, weights)
+
+    def backward(out: Any) -> None:
+        out.backward(grad)
+
+    return forward, backward
+
+
+STEPS: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[Any], None]]]] = {
+    "fla": _fla_step,
+    "liger": _liger_step,
+}
+
+
+# -- what a run observes (child side) -----------------------------------------------------------
+
+
+class Observer:
+    """Records every tune (start at ``prune_configs``, end at ``self.cache[key] = ...``) and
+    every ``do_bench`` call, by thread, without touching what runs in between.
+
+    Installed before ``precompile_executor.triton.autotune`` patches anything, so its patch
+    keeps calling these (it stores what it finds as Triton's originals).
+    """
+
+    def __init__(self) -> None:
+        self.tunes: list[dict[str, Any]] = []
+        self.benches: list[tuple[int, float, float]] = []  # thread, start, seconds
+        self.lock = threading.Lock()
+        self._undo: list[Callable[[], None]] = []
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` replaced."""
+        while self._undo:
+            self._undo.pop()()
+
+    def install(self) -> None:
+        import triton.testing
+        from triton.runtime.autotuner import Autotuner
+
+        observer = self
+        original_prune = Autotuner.prune_configs
+        original_do_bench = triton.testing.do_bench
+
+        class TimedCache(dict):  # type: ignore[type-arg]
+            tune: dict[str, Any] | None = None
+
+            def __setitem__(self, key: Any, value: Any) -> None:
+                tune = self.tune
+                if tune is not None and "end" not in tune:
+                    tune["end"] = time.perf_counter()
+                    tune["key"] = str(key)
+                    tune["chosen"] = str(value)
+                super().__setitem__(key, value)
+
+        def prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:  # Triton's parameter names
+            tune = {
+                "kernel": f"{self.base_fn.__module__}.{self.base_fn.__name__}",
+                "configs": len(self.configs),
+                "thread": threading.get_ident(),
+                "start": time.perf_counter(),
+            }
+            if not isinstance(self.cache, TimedCache):
+                self.cache = TimedCache(self.cache)
+            self.cache.tune = tune
+            with observer.lock:
+                observer.tunes.append(tune)
+            return original_prune(self, kwargs)
+
+        def do_bench(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original_do_bench(fn, *args, **kwargs)
+            finally:
+                with observer.lock:
+                    observer.benches.append(
+                        (threading.get_ident(), start, time.perf_counter() - start)
+                    )
+
+        Autotuner.prune_configs = prune_configs
+        triton.testing.do_bench = do_bench
+        self._undo.append(lambda: setattr(Autotuner, "prune_configs", original_prune))
+        self._undo.append(lambda: setattr(triton.testing, "do_bench", original_do_bench))
+
+    def summary(self, origin: float) -> list[dict[str, Any]]:
+        """Each tune, in start order: kernel, configs, seconds, floor (``do_bench`` seconds
+        within it, on its thread), choice."""
+        rows = []
+        for tune in sorted(self.tunes, key=lambda t: t["start"]):
+            end = tune.get("end")
+            floor = sum(
+                s
+                for thread, start, s in self.benches
+                if thread == tune["thread"]
+                and tune["start"] <= start
+                and (end is None or start < end)
+            )
+            rows.append(
+                {
+                    "kernel": tune["kernel"],
+                    "configs": tune["configs"],
+                    "at_s": round(tune["start"] - origin, 3),
+                    "tune_s": None if end is None else end - tune["start"],
+                    "floor_s": floor,
+                    "benches": sum(
+                        1
+                        for thread, start, _ in self.benches
+                        if thread == tune["thread"]
+                        and tune["start"] <= start
+                        and (end is None or start < end)
+                    ),
+                    "key": tune.get("key"),
+                    "chosen": tune.get("chosen"),
+                }
+            )
+        return rows
+
+
+def child(library: str, mode: str, out: Path) -> None:
+    """One run: import, build the layer, time its first step, write a JSON result."""
+    origin = time.perf_counter()
+    observer = Observer()
+    observer.install()  # imports triton, in every mode
+    if mode == "install":
+        from precompile_executor.triton import autotune as pe_autotune
+
+        pe_autotune.install()
+    import contextlib
+
+    import torch
+
+    forward, backward = STEPS[library]()
+    torch.cuda.synchronize()
+    ready_s = time.perf_counter() - origin
+    block: Any = contextlib.nullcontext()
+    if mode == "use":
+        from precompile_executor.triton import autotune as pe_autotune
+
+        block = pe_autotune.use()
+    start = time.perf_counter()
+    with block:
+        output = forward()
+        torch.cuda.synchronize()
+        forward_s = time.perf_counter() - start
+        backward(output)
+        torch.cuda.synchronize()
+    step_s = time.perf_counter() - start
+    tunes = observer.summary(origin)
+    executor: dict[str, Any] = {}
+    if mode != "stock":
+        from precompile_executor.triton._submit import default_executor
+
+        stats = default_executor().statistics()  # type: ignore[attr-defined]
+        # completed: compiles and module imports in workers; cancelled: configs taken back
+        # from the queue and compiled by the tune's own thread.
+        executor = {"completed": stats.completed, "cancelled": stats.cancelled}
+    result = {
+        "library": library,
+        "mode": mode,
+        "ready_s": ready_s,
+        "forward_s": forward_s,
+        "step_s": step_s,
+        "tunes": tunes,
+        "tune_s": sum(t["tune_s"] or 0.0 for t in tunes),
+        "floor_s": sum(t["floor_s"] for t in tunes),
+        "executor": executor,
+    }
+    out.write_text(json.dumps(result))
+
+
+def check_child(library: str, choices_path: Path, alternations: int, out: Path) -> None:
+    """The chosen-kernel check: stock Triton runs the step; at each tune whose key the modes
+    chose differently, time each mode's choice with stock's ``_bench``, alternating."""
+    from triton.runtime.autotuner import Autotuner
+
+    choices: dict[str, dict[str, dict[str, str]]] = json.loads(choices_path.read_text())
+    original_prune = Autotuner.prune_configs
+    original_bench = Autotuner._bench
+    rows: list[dict[str, Any]] = []
+    seen = {"keys": 0, "matched": 0}
+
+    def prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
+        kernel = f"{self.base_fn.__module__}.{self.base_fn.__name__}"
+        pruned = original_prune(self, kwargs)
+        key = str(_tuning_key(self, kwargs))
+        by_mode = {mode: c.get(kernel, {}).get(key) for mode, c in choices.items()}
+        named = {str(c): c for c in self.configs}
+        seen["keys"] += 1
+        seen["matched"] += all(s in named for s in by_mode.values())
+        distinct = sorted({s for s in by_mode.values() if s in named})
+        if len(distinct) < 2:
+            return pruned
+        args = tuple(self.nargs.values())
+        times: dict[str, list[float]] = {s: [] for s in distinct}
+        for s in distinct:  # compile and warm each first, untimed
+            original_bench(self, *args, config=named[s], **kwargs)
+        for _ in range(alternations):
+            for s in distinct:
+                times[s].append(float(original_bench(self, *args, config=named[s], **kwargs)[0]))
+        medians = {s: statistics.median(v) for s, v in times.items()}
+        rows.append(
+            {
+                "kernel": kernel,
+                "key": key,
+                "ms": {mode: medians.get(s) if s else None for mode, s in by_mode.items()},
+                "choices": by_mode,
+            }
+        )
+        stock = by_mode.get("stock")
+        return [named[stock]] if stock in named else pruned
+
+    Autotuner.prune_configs = prune_configs
+    import torch
+
+    forward, backward = STEPS[library]()
+    backward(forward())
+    torch.cuda.synchronize()
+    out.write_text(json.dumps({"library": library, "checks": rows, **seen}))
+
+
+def _tuning_key(autotuner: Any, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``Autotuner.run``'s tuning key (Triton 3.6 to 3.9): the key arguments, then the dtypes."""
+    all_args = {**autotuner.nargs, **kwargs}
+    named = {k: v for k, v in all_args.items() if k in autotuner.arg_names}
+    key = [named[k] for k in autotuner.keys if k in named]
+    key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+    return tuple(key)
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+def run(argv: list[str], timeout_s: float) -> tuple[dict[str, Any], float]:
+    """Run this module with ``argv`` in a fresh interpreter with a cold Triton cache; return its
+    JSON result (or ``{"error": ...}``) and the process's wall time."""
+    scratch = Path(tempfile.mkdtemp(prefix="pe-library-bench-"))
+    out = scratch / "result.json"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(scratch / "triton-cache"))
+    cmd = [sys.executable, "-m", "benchmarks.triton_library_bench", *argv, "--json", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        timed_out = True
+    wall_s = time.perf_counter() - start
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # workers it left behind
+    except ProcessLookupError:
+        pass
+    if out.exists():
+        result: dict[str, Any] = json.loads(out.read_text())
+    else:
+        tail = output.decode(errors="replace").strip().splitlines()[-15:]
+        result = {"error": "timed out" if timed_out else "\n".join(tail) or f"rc {proc.returncode}"}
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result, wall_s
+
+
+def load_results(
+    path: Path | None, libraries: list[str], modes: list[str]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The runs an earlier call saved in ``path`` (JSON lines), for these libraries and modes."""
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    if path is None or not path.exists():
+        return results
+    for line in path.read_text().splitlines():
+        if line.strip():
+            saved = json.loads(line)
+            if saved.get("library") in libraries and saved.get("mode") in modes:
+                results.setdefault((saved["library"], saved["mode"]), []).append(saved)
+    return results
+
+
+def plan(libraries: list[str], modes: list[str], rounds: int) -> list[tuple[int, str, str]]:
+    """The runs, in order: every round runs every library in every mode (interleaved)."""
+    return [(r, lib, mode) for r in range(1, rounds + 1) for lib in libraries for mode in modes]
+
+
+def choices_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Kernel → tuning key → the config chosen, from the median-step run of one mode."""
+    good = sorted((r for r in runs if "step_s" in r), key=lambda r: r["step_s"])
+    if not good:
+        return {}
+    chosen: dict[str, dict[str, str]] = {}
+    for tune in good[len(good) // 2]["tunes"]:
+        if tune.get("key") is not None:
+            chosen.setdefault(tune["kernel"], {})[tune["key"]] = tune["chosen"]
+    return chosen
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(ours: float | None, stock: float | None) -> str:
+    return "–" if ours is None or not stock else f"{ours / stock:.2f}×"
+
+
+def _here(runs: list[dict[str, Any]]) -> str:
+    """The configs the tune's own thread compiled (median over runs), or "all" for stock."""
+    counts = [r["executor"]["cancelled"] for r in runs if r.get("executor")]
+    if not counts:
+        return "all" if runs and all("executor" in r for r in runs) else "–"
+    return f"{statistics.median(counts):.0f}"
+
+
+def per_kernel(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Kernel (with the order of its first tune) → field → one value per run: its tunes' total
+    seconds and floor."""
+    table: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        if "tunes" not in r:
+            continue
+        totals: dict[str, list[float]] = {}
+        for tune in r["tunes"]:
+            one = totals.setdefault(tune["kernel"], [0.0, 0.0, 0.0])
+            one[0] += tune["tune_s"] or 0.0
+            one[1] += tune["floor_s"]
+            one[2] += tune["configs"]
+        for kernel, (tune_s, floor_s, configs) in totals.items():
+            row = table.setdefault(kernel, {"tune_s": [], "floor_s": [], "configs": []})
+            row["tune_s"].append(tune_s)
+            row["floor_s"].append(floor_s)
+            row["configs"].append(configs)
+    return table
+
+
+def report(
+    results: dict[tuple[str, str], list[dict[str, Any]]],
+    checks: dict[str, dict[str, Any]],
+    info: str,
+) -> str:
+    """The Markdown report: per library a run table, a per-kernel table and the check."""
+    lines = ["# First training step of Triton libraries: stock vs ours", "", info, ""]
+    libraries = sorted({lib for lib, _ in results})
+    for lib in libraries:
+        modes = [m for m in MODES if (lib, m) in results]
+        stock_runs = results.get((lib, "stock"), [])
+        lines += [f"## {lib}", ""]
+        lines += [
+            "| mode | process s | forward s | step s | tunes s | floor s | step vs stock "
+            "| configs compiled here | rounds (step s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        stock_step = _median([r["step_s"] for r in stock_runs if "step_s" in r])
+        for mode in modes:
+            runs = results[(lib, mode)]
+            good = [r for r in runs if "step_s" in r]
+            errors = [r["error"] for r in runs if "error" in r]
+            step = _median([r["step_s"] for r in good])
+            lines.append(
+                f"| {mode} | {_fmt(_median([r['process_s'] for r in runs if 'process_s' in r]))} "
+                f"| {_fmt(_median([r['forward_s'] for r in good]))} | {_fmt(step)} "
+                f"| {_fmt(_median([r['tune_s'] for r in good]))} "
+                f"| {_fmt(_median([r['floor_s'] for r in good]))} | {_ratio(step, stock_step)} "
+                f"| {_here(good)} "
+                f"| {', '.join(_fmt(r['step_s']) for r in good)}"
+                + (f" ({len(errors)} failed: {errors[0].splitlines()[-1][:80]})" if errors else "")
+                + " |"
+            )
+        tables = {mode: per_kernel(results[(lib, mode)]) for mode in modes}
+        kernels = list(tables.get("stock") or next(iter(tables.values()), {}))
+        for mode_table in tables.values():
+            kernels += [k for k in mode_table if k not in kernels]
+        lines += [
+            "",
+            "Per kernel, in order of first tune: median seconds of its tunes (prune to choice) "
+            "and, in brackets, the benchmarking floor (`do_bench` time) within them.",
+            "",
+            "| kernel | configs | "
+            + " | ".join(modes)
+            + " | "
+            + " | ".join(f"{m} vs stock" for m in modes if m != "stock")
+            + " |",
+            "| --- | --- | "
+            + " | ".join("---" for _ in modes)
+            + " | "
+            + " | ".join("---" for m in modes if m != "stock")
+            + " |",
+        ]
+        for kernel in kernels:
+            cells, medians = [], {}
+            configs = None
+            for mode in modes:
+                row = tables[mode].get(kernel)
+                if row is None:
+                    cells.append("–")
+                    continue
+                medians[mode] = _median(row["tune_s"])
+                configs = configs or int(_median(row["configs"]) or 0)
+                cells.append(f"{_fmt(medians[mode])} [{_fmt(_median(row['floor_s']))}]")
+            ratios = [_ratio(medians.get(m), medians.get("stock")) for m in modes if m != "stock"]
+            lines.append(
+                f"| `{kernel.rsplit('.', 1)[-1]}` | {configs or '–'} | "
+                + " | ".join(cells)
+                + " | "
+                + " | ".join(ratios)
+                + " |"
+            )
+        check = checks.get(lib)
+        lines += ["", "Chosen-kernel check (stock's `do_bench`, alternating, median ms):", ""]
+        if check is None:
+            lines.append("not run")
+        elif "error" in check:
+            lines.append(f"failed: {check['error'].splitlines()[-1][:200]}")
+        elif check.get("matched", 0) < check.get("keys", 0) or not check.get("keys"):
+            lines.append(
+                f"{check.get('matched', 0)} of {check.get('keys', 0)} tuning keys found every "
+                "mode's choice: the runs and the check did not tune the same keys"
+            )
+        elif not check.get("checks"):
+            lines.append(
+                f"every mode chose the same config for each of the {check['keys']} tuning keys"
+            )
+        else:
+            lines += [
+                "| kernel | key | " + " | ".join(modes) + " | worst vs stock |",
+                "| --- | --- | " + " | ".join("---" for _ in modes) + " | --- |",
+            ]
+            for row in check["checks"]:
+                ms = row["ms"]
+                worst = max((v for m, v in ms.items() if m != "stock" and v), default=None)
+                lines.append(
+                    f"| `{row['kernel'].rsplit('.', 1)[-1]}` | {row['key'][:40]} | "
+                    + " | ".join(_fmt(ms.get(m), 4) for m in modes)
+                    + f" | {_ratio(worst, ms.get('stock'))} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    from benchmarks._common import git_revision, usable_cores, version
+
+    gpu = "?"
+    try:
+        gpu = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
+    except Exception:  # noqa: BLE001 - the report only names it
+        pass
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {gpu}, {usable_cores()} cores, "
+        f"python {sys.version.split()[0]}, torch {version('torch')}, triton {version('triton')}, "
+        f"fla-core {version('fla-core')}, liger-kernel {version('liger-kernel')}, "
+        f"commit {git_revision()}; command: python -m benchmarks.triton_library_bench "
+        + " ".join(sys.argv[1:])
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--child``/``--check``, one run of it)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--libraries", default=",".join(LIBRARIES))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--alternations", type=int, default=ALTERNATIONS)
+    parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
+    parser.add_argument("--out", type=Path, help="write the Markdown report here too")
+    parser.add_argument("--plan", action="store_true", help="print the runs and exit")
+    parser.add_argument("--no-check", action="store_true", help="skip the chosen-kernel check")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="a JSON-lines file: runs found there are reported with this call's, and this "
+        "call's runs are added to it (so rounds can be spread over several calls)",
+    )
+    parser.add_argument("--child", nargs=2, metavar=("LIBRARY", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--check", metavar="LIBRARY", help=argparse.SUPPRESS)
+    parser.add_argument("--choices", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], args.json)
+        return 0
+    if args.check:
+        check_child(args.check, args.choices, args.alternations, args.json)
+        return 0
+    libraries = [x for x in args.libraries.split(",") if x]
+    modes = [x for x in args.modes.split(",") if x]
+    unknown = [x for x in libraries if x not in LIBRARIES] + [x for x in modes if x not in MODES]
+    if unknown:
+        parser.error(f"unknown {unknown}: libraries are {LIBRARIES}, modes {MODES}")
+    runs = plan(libraries, modes, args.rounds)
+    if args.plan:
+        for r, lib, mode in runs:
+            print(f"round {r}: {lib} {mode}")
+        return 0
+    results = load_results(args.results, libraries, modes)
+    for r, lib, mode in runs:
+        result, wall_s = run(["--child", lib, mode], args.timeout)
+        result.update(library=lib, mode=mode, process_s=wall_s)
+        results.setdefault((lib, mode), []).append(result)
+        if args.results:
+            with args.results.open("a") as saved:
+                saved.write(json.dumps(result) + "\n")
+        print(
+            f"round {r} {lib:6} {mode:8} process {wall_s:6.1f} s  "
+            + (
+                f"step {result['step_s']:6.1f} s  floor {result['floor_s']:5.1f} s  "
+                f"executor {result.get('executor') or '-'}"
+                if "step_s" in result
+                else f"FAILED: {result['error'][-300:]}"
+            ),
+            flush=True,
+        )
+    checks: dict[str, dict[str, Any]] = {}
+    if not args.no_check and args.alternations > 0:
+        for lib in libraries:
+            choices = {m: choices_of(results.get((lib, m), [])) for m in modes}
+            scratch = Path(tempfile.mkdtemp(prefix="pe-library-choices-"))
+            path = scratch / "choices.json"
+            path.write_text(json.dumps(choices))
+            check, _ = run(
+                ["--check", lib, "--choices", str(path), "--alternations", str(args.alternations)],
+                args.timeout,
+            )
+            shutil.rmtree(scratch, ignore_errors=True)
+            checks[lib] = check
+    text = report(results, checks, _machine())
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The plumbing of ``benchmarks/triton_library_bench.py`` on a CPU (the runs themselves need a GPU).
+
+Its observer, on a dry-run sm_90 GPU (``tests/dry_run_gpu.py``), sees a stock tune and a tune
+inside ``use()``: one tune each, its choice, and the ``do_bench`` time within it; the tuning key
+it records is the one the chosen-kernel check computes; the report renders every table. Never a
+timing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
+from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton import testing as triton_testing  # noqa: E402
+from triton.runtime.driver import driver  # noqa: E402
+
+from benchmarks import triton_library_bench as bench  # noqa: E402
+from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(180)
+
+
+@triton.jit
+def scale_jit(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+
+
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=4) for b in (128, 256, 512)]
+TIMES_MS = {128: 3.0, 256: 1.0, 512: 2.0}
+
+
+@pytest.fixture
+def gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DryRunGPU]:
+    """A dry-run GPU whose benchmarker is ``triton.testing.do_bench`` (as a real driver's is),
+    here one that launches once and returns the timing of the config's BLOCK."""
+    stand_in = DryRunGPU()
+
+    def fake_do_bench(kernel_call: Any, quantiles: Any = None, **_: Any) -> list[float]:
+        kernel_call()
+        return [TIMES_MS[stand_in.launches[-1]["BLOCK"]]] * 3
+
+    monkeypatch.setattr(triton_testing, "do_bench", fake_do_bench)
+    stand_in.get_benchmarker = lambda: triton_testing.do_bench  # type: ignore[attr-defined]
+    previous = driver.__dict__.get("_active")
+    with knobs.cache.scope():
+        knobs.cache.dir = str(tmp_path / "cache")
+        driver.set_active(stand_in)
+        try:
+            yield stand_in
+        finally:
+            driver.set_active(previous)
+            scale_jit.device_caches.pop(stand_in.device, None)
+
+
+def test_the_observer_sees_each_tune_its_choice_key_and_floor(gpu: DryRunGPU) -> None:
+    observer = bench.Observer()
+    observer.install()
+    try:
+        args = (FakeTensor(tl.float32), FakeTensor(tl.float32), 4096)
+        stock = triton.autotune(configs=CONFIGS, key=["n"])(scale_jit)
+        stock[(1,)](*args)
+        ours = triton.autotune(configs=[*CONFIGS], key=["n"])(scale_jit)
+        with ThreadPoolExecutor(2) as pool, pe_autotune.use(pool):
+            ours[(1,)](*args)
+            ours[(1,)](*args)  # a known key: no tune
+    finally:
+        observer.uninstall()
+    rows = observer.summary(0.0)
+    assert [r["kernel"] for r in rows] == [f"{__name__}.scale_jit"] * 2
+    for row, autotuner in zip(rows, (stock, ours), strict=True):
+        assert row["configs"] == 3 and row["benches"] >= 3
+        assert row["chosen"] == str(autotuner.best_config) and "BLOCK: 256" in row["chosen"]
+        assert 0 < row["floor_s"] <= row["tune_s"]
+        # The chosen-kernel check finds the runs' choices under the key it computes itself.
+        autotuner.nargs = dict(zip(autotuner.arg_names, args, strict=False))
+        assert row["key"] == str(bench._tuning_key(autotuner, {}))
+
+
+def test_the_report_renders_runs_kernels_and_the_check() -> None:
+    def run(mode: str, step: float) -> dict[str, Any]:
+        tune = {"kernel": "m.k", "configs": 4, "tune_s": step / 2, "floor_s": 0.5, "key": "(1,)"}
+        return {
+            "step_s": step,
+            "forward_s": step / 2,
+            "process_s": step + 5,
+            "tune_s": step / 2,
+            "floor_s": 0.5,
+            "tunes": [{**tune, "chosen": f"BLOCK: {mode}"}],
+            "executor": {} if mode == "stock" else {"completed": 3, "cancelled": 1},
+        }
+
+    results = {
+        ("fla", "stock"): [run("stock", 10.0), run("stock", 12.0)],
+        ("fla", "use"): [run("use", 5.0), {"error": "Traceback\nRuntimeError: boom"}],
+    }
+    assert bench.choices_of(results[("fla", "use")]) == {"m.k": {"(1,)": "BLOCK: use"}}
+    checks = {
+        "fla": {
+            "keys": 1,
+            "matched": 1,
+            "checks": [{"kernel": "m.k", "key": "(1,)", "ms": {"stock": 1.0, "use": 1.1}}],
+        }
+    }
+    text = bench.report(results, checks, "machine")
+    assert "| stock | 16.00 | 5.50 | 11.00 | 5.50 | 0.50 | 1.00× | all | 10.00, 12.00 |" in text
+    assert (
+        "| use | 10.00 | 2.50 | 5.00 | 2.50 | 0.50 | 0.45× | 1 | 5.00 (1 failed: RuntimeError: boom) |"
+        in text
+    )
+    assert "| `k` | 4 | 5.50 [0.50] | 2.50 [0.50] | 0.45× |" in text
+    assert "| `k` | (1,) | 1.0000 | 1.1000 | 1.10× |" in text
+
+
+def test_runs_saved_by_an_earlier_call_are_loaded_for_the_libraries_and_modes_asked(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    saved = tmp_path / "runs.jsonl"
+    runs = [
+        {"library": "fla", "mode": "stock", "step_s": 1.0},
+        {"library": "fla", "mode": "use", "step_s": 0.5},
+        {"library": "liger", "mode": "stock", "step_s": 2.0},
+    ]
+    saved.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    loaded = bench.load_results(saved, ["fla"], ["stock", "use"])
+    assert loaded == {("fla", "stock"): [runs[0]], ("fla", "use"): [runs[1]]}
+    assert bench.load_results(tmp_path / "none.jsonl", ["fla"], ["stock"]) == {}
+
+
+def test_help_and_plan_run_without_a_gpu() -> None:
+    for argv in (["--help"], ["--plan", "--rounds", "2", "--libraries", "fla"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.triton_library_bench", *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "round 1: fla stock",
+        "round 1: fla use",
+        "round 1: fla install",
+    ]
