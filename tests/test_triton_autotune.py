@@ -708,6 +708,40 @@ def test_two_threads_cold_autotuning_one_kernel_tune_it_once(
     assert [launched["BLOCK"] for launched in gpu.launches[-2:]] == [256, 256]  # both calls
 
 
+@pytest.mark.timeout(240)
+def test_a_tune_running_when_the_last_block_closes_finishes_with_tritons_methods(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    inside, closed = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def times_ms(launched: dict[str, Any]) -> float:
+        inside.set()
+        assert closed.wait(60)  # the block closes while this tune benchmarks
+        return DOUBLE_TIMES_MS[launched["BLOCK"]]
+
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms))(
+        double_jit
+    )
+
+    def tune() -> None:
+        try:
+            kernel[GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=tune)
+    with pe_autotune.use(executor):
+        thread.start()
+        assert inside.wait(120)
+    assert vars(Autotuner)["_bench"] is _tune.ORIGINALS["_bench"]  # restored meanwhile
+    closed.set()
+    thread.join(120)
+    assert not thread.is_alive() and errors == []
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
 BLOCKER_WAIT_S = 120.0
 
 
