@@ -1044,6 +1044,61 @@ def test_a_library_that_installs_at_import_starts_no_pool_in_a_worker_that_impor
     assert no_default and children == 0  # and started no executor, no process
 
 
+_EDITED_V1 = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_kernel_no_worker_can_load_is_compiled_here_as_stock(
+    gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+    import time
+
+    name = f"pe_edited_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(_EDITED_V1)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module(name)
+        # Edited on disk after this process imported it: a worker importing it, or rebuilding
+        # it from the file's source, gets another kernel than this process's (KernelTransferError
+        # in the worker); this process still holds, and can compile, its own.
+        path.write_text(_EDITED_V1.replace("* 3.0", "* 4.0"))
+        os.utime(path, (time.time() + 5, time.time() + 5))
+        bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+        kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(
+            module.scale_kernel
+        )
+        with (
+            PrecompileExecutor(
+                2,
+                initializer=site.addsitedir,
+                initargs=(str(tmp_path),),
+                timeout=TASK_TIMEOUT_S,
+                classify=classify,
+            ) as pool,
+            pe_autotune.use(pool),
+        ):
+            kernel[GRID](*_double_args())
+    finally:
+        sys.modules.pop(name, None)
+    assert sorted(compile_log.compiled_blocks) == [128, 256, 512]  # each compiled here, once
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 
