@@ -320,6 +320,25 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
     pe_autotune.uninstall()  # not installed: nothing to do
 
 
+@pytest.mark.timeout(30)
+def test_a_default_executor_that_cannot_start_leaves_nothing_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from precompile_executor.triton import _autotune_seam
+
+    stock = dict(vars(Autotuner))
+
+    def cannot_start() -> None:
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(_autotune_seam, "start_default_warm_up", cannot_start)
+    with pytest.raises(OSError, match="no processes left"), pe_autotune.use():
+        pytest.fail("the block must not run")
+    with pytest.raises(OSError, match="no processes left"):
+        pe_autotune.install()
+    assert not pe_autotune.installed() and dict(vars(Autotuner)) == stock
+
+
 class CountingThreads(ThreadPoolExecutor):
     """A thread pool that counts the tasks submitted to it (compiles run in this process)."""
 
