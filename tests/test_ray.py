@@ -305,7 +305,9 @@ def test_triton_configs_compiled_on_two_nodes_are_cache_hits_here(
 
 
 @pytest.mark.timeout(240)
-def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_path: Path) -> None:
+def test_warm_and_the_autotune_mode_take_the_ray_executor(
+    ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``warm()`` compiles a kernel's configs on the nodes and installs them here; the
     ``@triton.autotune`` mode (on a dry-run sm_90 GPU, as in ``test_triton_autotune.py``)
     compiles each config on a node and benchmarks it from this process's cache."""
@@ -315,8 +317,13 @@ def test_warm_and_the_autotune_mode_take_the_ray_executor(ray_cluster: Any, tmp_
     from triton import knobs
     from triton.runtime.driver import driver
 
+    from precompile_executor.triton import _autotune_tune, _preimport, classify
     from precompile_executor.triton import autotune as pe_autotune
-    from precompile_executor.triton import classify
+
+    # The nodes' path only: no config compiled by the tune's own thread while the nodes start,
+    # no module-import tasks in the counts.
+    monkeypatch.setattr(_autotune_tune, "STEALS", False)
+    monkeypatch.setattr(_preimport, "PREIMPORTS", False)
 
     with knobs.cache.scope():
         knobs.cache.dir = str(tmp_path / "caller-cache")

@@ -320,6 +320,25 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
     pe_autotune.uninstall()  # not installed: nothing to do
 
 
+@pytest.mark.timeout(30)
+def test_a_default_executor_that_cannot_start_leaves_nothing_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from precompile_executor.triton import _autotune_seam
+
+    stock = dict(vars(Autotuner))
+
+    def cannot_start() -> None:
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(_autotune_seam, "start_default_warm_up", cannot_start)
+    with pytest.raises(OSError, match="no processes left"), pe_autotune.use():
+        pytest.fail("the block must not run")
+    with pytest.raises(OSError, match="no processes left"):
+        pe_autotune.install()
+    assert not pe_autotune.installed() and dict(vars(Autotuner)) == stock
+
+
 class CountingThreads(ThreadPoolExecutor):
     """A thread pool that counts the tasks submitted to it (compiles run in this process)."""
 
@@ -708,6 +727,40 @@ def test_two_threads_cold_autotuning_one_kernel_tune_it_once(
     assert [launched["BLOCK"] for launched in gpu.launches[-2:]] == [256, 256]  # both calls
 
 
+@pytest.mark.timeout(240)
+def test_a_tune_running_when_the_last_block_closes_finishes_with_tritons_methods(
+    executor: PrecompileExecutor, gpu: DryRunGPU
+) -> None:
+    inside, closed = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def times_ms(launched: dict[str, Any]) -> float:
+        inside.set()
+        assert closed.wait(60)  # the block closes while this tune benchmarks
+        return DOUBLE_TIMES_MS[launched["BLOCK"]]
+
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS, key=["n"], do_bench=Bench(gpu, times_ms))(
+        double_jit
+    )
+
+    def tune() -> None:
+        try:
+            kernel[GRID](*_double_args())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=tune)
+    with pe_autotune.use(executor):
+        thread.start()
+        assert inside.wait(120)
+    assert vars(Autotuner)["_bench"] is _tune.ORIGINALS["_bench"]  # restored meanwhile
+    closed.set()
+    thread.join(120)
+    assert not thread.is_alive() and errors == []
+    assert kernel.best_config.kwargs["BLOCK"] == 256
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
 BLOCKER_WAIT_S = 120.0
 
 
@@ -1008,6 +1061,61 @@ def test_a_library_that_installs_at_import_starts_no_pool_in_a_worker_that_impor
         in_worker, installed, no_default, children = pool.submit(eval, probe).result(120)
     assert in_worker and installed  # the library's install() ran there, patching only
     assert no_default and children == 0  # and started no executor, no process
+
+
+_EDITED_V1 = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 3.0, mask=mask)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_kernel_no_worker_can_load_is_compiled_here_as_stock(
+    gpu: DryRunGPU, compile_log: CompileLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+    import os
+    import site
+    import sys
+    import time
+
+    name = f"pe_edited_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(_EDITED_V1)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = importlib.import_module(name)
+        # Edited on disk after this process imported it: a worker importing it, or rebuilding
+        # it from the file's source, gets another kernel than this process's (KernelTransferError
+        # in the worker); this process still holds, and can compile, its own.
+        path.write_text(_EDITED_V1.replace("* 3.0", "* 4.0"))
+        os.utime(path, (time.time() + 5, time.time() + 5))
+        bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+        kernel = triton.autotune(configs=DOUBLE_CONFIGS[1:4], key=["n"], do_bench=bench)(
+            module.scale_kernel
+        )
+        with (
+            PrecompileExecutor(
+                2,
+                initializer=site.addsitedir,
+                initargs=(str(tmp_path),),
+                timeout=TASK_TIMEOUT_S,
+                classify=classify,
+            ) as pool,
+            pe_autotune.use(pool),
+        ):
+            kernel[GRID](*_double_args())
+    finally:
+        sys.modules.pop(name, None)
+    assert sorted(compile_log.compiled_blocks) == [128, 256, 512]  # each compiled here, once
+    assert kernel.best_config.kwargs["BLOCK"] == 256
 
 
 # -- failures -----------------------------------------------------------------------------------

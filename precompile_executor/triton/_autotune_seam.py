@@ -237,9 +237,9 @@ def use(executor: Executor | None = None) -> Iterator[None]:
             nothing was patched.
     """
     block = SCOPE.enter(executor)
-    if executor is None:
-        start_default_warm_up()
     try:
+        if executor is None:
+            start_default_warm_up()
         yield
     finally:
         SCOPE.exit(block)
@@ -260,9 +260,15 @@ def install(executor: Executor | None = None) -> None:
     Raises:
         UnsupportedTritonError: see :func:`use`; nothing was patched.
     """
-    SCOPE.install(executor)
+    previous = SCOPE.install(executor)
     if executor is None:
-        start_default_warm_up()
+        try:
+            start_default_warm_up()
+        except BaseException:
+            SCOPE.uninstall()  # leave nothing installed: the caller sees why
+            if previous is not None:
+                SCOPE.install(previous.executor)
+            raise
 
 
 def uninstall() -> None:

@@ -306,20 +306,22 @@ def start_default_warm_up() -> None:
 def _warm_up(executor: Executor) -> None:
     from ._preimport import announce, loaded_kernel_modules
 
+    log = logging.getLogger("precompile_executor.triton")
+    warm_up = getattr(executor, "warm_up", None)
+    if callable(warm_up):
+        try:
+            warm_up()
+        except Exception:  # noqa: BLE001 - tasks start workers on demand anyway
+            log.warning(
+                "starting the default executor's workers in the background failed (they start "
+                "on demand)",
+                exc_info=True,
+            )
     try:
         # The kernels' modules already loaded (a use() block opened after the library's
-        # import): each worker imports them as it becomes ready, before any config reaches it.
+        # import): each worker imports them before its next config. Scanned once the workers
+        # are up, so the scan's Python does not compete with a first tune that compiles here
+        # (a tune announces its own kernel's module itself).
         announce(executor, loaded_kernel_modules())
     except Exception:  # noqa: BLE001 - only a lost head start
-        logging.getLogger("precompile_executor.triton").debug("announce failed", exc_info=True)
-    warm_up = getattr(executor, "warm_up", None)
-    if not callable(warm_up):
-        return
-    try:
-        warm_up()
-    except Exception:  # noqa: BLE001 - tasks start workers on demand anyway
-        logging.getLogger("precompile_executor.triton").warning(
-            "starting the default executor's workers in the background failed (they start on "
-            "demand)",
-            exc_info=True,
-        )
+        log.debug("announcing the loaded kernels' modules failed", exc_info=True)
