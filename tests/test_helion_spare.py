@@ -111,17 +111,35 @@ def test_a_spare_for_another_device_is_discarded_and_the_provider_starts_its_own
 
 
 @pytest.mark.timeout(240)
-def test_a_spare_nobody_takes_ends_with_the_last_installation(
-    executor: PrecompileExecutor,
-) -> None:
-    """Nested ``use()`` blocks keep the spare; when the outermost ends it is killed, warm or
-    still starting."""
-    with peh.use(executor):
+def test_a_spare_nobody_takes_ends_with_the_last_holder(executor: PrecompileExecutor) -> None:
+    """Every open holder keeps the spare — nested blocks, and a block on another thread that
+    exits after this thread's (blocks may close in any order); when the last one leaves, it is
+    killed, warm or still starting."""
+    import threading
+
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_block() -> None:
         with peh.use(executor):
-            spare = _bench_worker.prestart("cpu", 30)
-            assert spare is not None
-            assert _bench_worker.prestart("cpu", 30) is None  # one at a time
-        assert _bench_worker.spare() is spare and spare.process.is_alive()
+            entered.set()
+            assert leave.wait(WAIT_S)
+
+    other = threading.Thread(target=other_block)
+    try:
+        with peh.use(executor):
+            with peh.use(executor):
+                spare = _bench_worker.prestart("cpu", 30)
+                assert spare is not None
+                assert _bench_worker.prestart("cpu", 30) is None  # one at a time
+            assert _bench_worker.spare() is spare and spare.process.is_alive()
+            other.start()
+            assert entered.wait(WAIT_S)
+        assert _bench_worker.spare() is spare and spare.process.is_alive()  # the other's block
+    finally:
+        leave.set()
+        if other.ident is not None:  # started
+            other.join(WAIT_S)
+    assert not other.is_alive()
     assert _bench_worker.spare() is None
     _assert_gone(spare.process.pid, timeout_s=30)
 
