@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from .. import PrecompileExecutor
 
 
+RESET_JOIN_S = 30.0
+"""Longest :meth:`HelionState.reset` waits for each warm-up thread (a warm-up ends once its
+executor is stopped; a caller's warm-up computes one cache key, 0.3–0.5 s)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Originals:
     """Helion's attributes as found before the seam replaced them (the objects themselves: the
@@ -144,10 +149,11 @@ class HelionState:
            nothing) and puts Helion's methods back;
         2. kills the spare benchmark worker, if any (its process group), and waits for its
            warm-up round trip to end;
-        3. waits for the default executor's background warm-up and the caller's Triton warm-up
-           threads (each ends on its own: ``warm_up()`` and one cache key);
-        4. shuts the default executor down and stops its workers and its warm template
+        3. shuts the default executor down and stops its workers and its warm template
            (``terminate_workers()``), so none is left warm in the process's pool;
+        4. waits (at most :data:`RESET_JOIN_S` each) for the default executor's background
+           warm-up, which that stop ends, and the caller's Triton warm-up threads (one cache
+           key each);
         5. stops the guardian: it SIGKILLs what is still registered (a benchmark worker a
            provider still holds) and exits; the next benchmark worker starts a new one;
         6. forgets all of it: the default executor, the early device, the warm-up threads and
@@ -164,12 +170,12 @@ class HelionState:
             self.times = {}
         for spare in spares:
             spare.discard()
-        for thread in (warming, *callers):
-            if thread is not None:
-                thread.join()
         if default is not None:
             default.shutdown(wait=True, cancel_futures=True)
             default.terminate_workers()
+        for thread in (warming, *callers):
+            if thread is not None:
+                thread.join(RESET_JOIN_S)
         self.guardian.stop()
 
     def after_fork_in_child(self) -> None:
