@@ -1135,7 +1135,26 @@ with PrecompileExecutor(2) as ex, peh.use(ex), compile_only_driver(parse_target(
         StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
     )
     worker = p.__dict__["_early_benchmark_worker"].worker._process.pid
-    time.sleep(float(sys.argv[2]))
+    if sys.argv[2] == "batch":  # mid-batch: two fork-mode compiles hang in their children
+        import threading
+        from helion.autotuner.precompile_future import PrecompileFuture
+        from test_helion import _configs, _context, _create, _inject
+
+        p._benchmark_worker  # warm
+        before = len(psutil.Process().children(recursive=True))
+        ctx = _context(bound, args, autotune_precompile="fork")
+        configs = _configs(bound, 2)
+        futures = [_create(ctx, bound, c, args) for c in configs]
+        for c in configs:
+            _inject(bound, c, "hang")
+        # On another thread, as an autotune may run: the open use() block reaches it too.
+        threading.Thread(target=PrecompileFuture.wait_for_all, args=(futures,), daemon=True).start()
+        deadline = time.monotonic() + 60
+        while len(psutil.Process().children(recursive=True)) < before + 2:
+            assert time.monotonic() < deadline, "the batch's children never started"
+            time.sleep(0.05)
+    else:
+        time.sleep(float(sys.argv[2]))
     print(worker, *(c.pid for c in psutil.Process().children(recursive=True)), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -1197,17 +1216,15 @@ def _assert_all_gone(pids: list[int], timeout_s: float = DIES_WITH_ITS_PARENT_S)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("after", [0.5, 8.0], ids=["warming", "warm"])
-def test_a_sigkill_of_the_autotuning_process_leaves_no_process(
-    after: float, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("after", ["0.5", "8", "batch"], ids=["warming", "warm", "mid-batch"])
+def test_a_sigkill_of_the_autotuning_process_leaves_no_process(after: str, tmp_path: Path) -> None:
     """The benchmark worker the provider started (Helion's own ``_start``) and every other
-    process of the autotuning process die with it: killed while the worker still starts or
-    after it warmed up."""
+    process of the autotuning process die with it: killed while the worker still starts, after
+    it warmed up, or while a fork-mode batch compiles (the compile children hang)."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    argv = [_KILLED_SCRIPT, str(Path(__file__).parent), str(after)]
+    argv = [_KILLED_SCRIPT, str(Path(__file__).parent), after]
     pids = _pids_printed_before_its_sigkill(argv, env)
-    assert len(pids) >= 2  # the worker, the resource tracker, ...
+    assert len(pids) >= (4 if after == "batch" else 2)  # the worker, the tracker, children...
     _assert_all_gone(pids)
 
 
