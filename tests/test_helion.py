@@ -34,7 +34,6 @@ hl = pytest.importorskip("helion.language")
 from helion import exc as helion_exc  # noqa: E402
 from helion.autotuner.logger import AutotuningLogger  # noqa: E402
 from helion.autotuner.precompile_future import PrecompileContext, PrecompileFuture  # noqa: E402
-from test_faults import _assert_gone  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
@@ -158,18 +157,16 @@ def test_check_refuses_a_changed_provider_and_builds_nothing(
     executor and patches nothing (BaseSearch._prepare included)."""
     from helion.autotuner.benchmark_provider import LocalBenchmarkProvider
 
-    from precompile_executor.helion import _warm
-
     def benchmark(self, configs, *, desc="Benchmarking"):  # raise_if_no_viable_config gone
         raise AssertionError
 
     monkeypatch.setattr(LocalBenchmarkProvider, "benchmark", benchmark)
-    monkeypatch.setattr(_warm, "_default", None)
+    peh.state.reset()
     with pytest.raises(peh.UnsupportedHelionError) as info, peh.use():
         pass
     assert "LocalBenchmarkProvider.benchmark(" in str(info.value)
     assert "nothing was patched" in str(info.value)
-    assert _warm._default is None
+    assert peh.state.default is None
     assert _originals() == HELION_ORIGINALS
 
 
@@ -204,28 +201,22 @@ def test_check_refuses_a_benchmark_worker_that_starts_differently(
 
 
 @pytest.fixture
-def fresh_default(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process's default executor as if none was built yet; afterwards its workers and
-    their warm template are stopped (``terminate_workers()``), so they end within this test:
-    left warm in the pool, they would end in whichever later test stops idle workers, and that
-    test's leak check would meet them still exiting."""
-    from precompile_executor.helion import _warm
-
-    monkeypatch.setattr(_warm, "_default", None)
-    monkeypatch.setattr(_warm, "_warming", None)
-    monkeypatch.setattr(_warm, "_early_device", None)
+def fresh_state() -> Iterator[None]:
+    """The integration's state as if it was never used (no default executor built, no caller
+    warm-up started: ``state.reset()``); afterwards its default executor's workers and
+    their warm template are stopped (``state.reset()`` ends them with ``terminate_workers()``),
+    so they end within this test: left warm in the pool, they would end in whichever later test
+    stops idle workers, and that test's leak check would meet them still exiting."""
+    peh.state.reset()
     try:
         yield
     finally:
-        if _warm._warming is not None:
-            _warm._warming.join(timeout=WAIT_S)
-        if _warm._default is not None:
-            _warm._default.terminate_workers()
+        peh.state.reset()
 
 
 @pytest.mark.timeout(240)
 def test_use_without_an_executor_builds_one_for_helion_once(
-    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+    fresh_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HELION_AUTOTUNE_PRECOMPILE", raising=False)
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "3")
@@ -247,7 +238,7 @@ def test_use_without_an_executor_builds_one_for_helion_once(
 
 @pytest.mark.timeout(240)
 def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
-    fresh_default: None, monkeypatch: pytest.MonkeyPatch
+    fresh_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE", "spawn")
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "2")
@@ -255,8 +246,8 @@ def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
 
     with peh.use() as ex:
         assert _warm.warming()
-        assert _warm._warming is not None
-        _warm._warming.join(timeout=WAIT_S)
+        assert peh.state.warming is not None
+        peh.state.warming.join(timeout=WAIT_S)
         stats = ex.statistics()
         assert stats.start == "template"
         assert len(ex.warm_up(timeout=WAIT_S)) == 2  # already warm: the same two workers
@@ -266,7 +257,7 @@ _BEFORE_HELION = r"""
 import importlib.abc, importlib.util, json, os, sys, time
 
 import precompile_executor.helion as peh
-from precompile_executor.helion import _seam, _warm
+from precompile_executor.helion import _seam
 
 import psutil
 
@@ -309,14 +300,14 @@ if sys.argv[1] == "refuse":
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     out["children_left"] = [" ".join(p.cmdline())[:200] for p in left()]
-    out["default"] = repr(_warm._default)
+    out["default"] = repr(peh.state.default)
 else:
     peh.install()
     ex = _seam.current_executor()
     # the template (a loky-started interpreter) was there while this process imported Helion
     out["template_during_import"] = any("popen_loky" in c for c in seen["children"])
-    out["built_early"] = "built" in _warm._times
-    out["early_device"] = _warm._early_device
+    out["built_early"] = "built" in peh.state.times
+    out["early_device"] = peh.state.early_device
     out["max_workers"] = ex.max_workers
     out["pids"] = len(ex.warm_up(timeout=120))
     import tests.test_helion_child as child
@@ -403,6 +394,81 @@ def test_use_nests_innermost_wins(executor: PrecompileExecutor) -> None:
             assert _seam.current_executor() is other
         assert _seam.current_executor() is executor
     assert not peh.installed()
+
+
+def _on_a_thread(fn: Any) -> Any:
+    """``fn()`` on a fresh thread (a fresh, empty context); what it returned."""
+    import threading
+
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    return box[0]
+
+
+def test_a_use_block_is_seen_by_every_thread_while_open(executor: PrecompileExecutor) -> None:
+    """The scope rule (docs/helion.md, "Which executor: the scope rule"): an autotune on any
+    thread — a fresh one, a pool thread — goes through an open block; none after its exit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with peh.use(executor):
+        assert _on_a_thread(_seam.current_executor) is executor
+        assert _on_a_thread(peh.installed)
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(_seam.current_executor).result(WAIT_S) is executor
+    assert not _on_a_thread(peh.installed)
+    with pytest.raises(RuntimeError, match="no use\\(\\) block and no install\\(\\)"):
+        _seam.current_executor()
+
+
+def test_the_innermost_block_here_wins_other_threads_follow_the_newest(
+    executor: PrecompileExecutor,
+) -> None:
+    import threading
+
+    entered, leave = threading.Event(), threading.Event()
+    seen: list[Any] = []
+    with PrecompileExecutor(1) as other, peh.use(executor):
+
+        def other_block() -> None:
+            with peh.use(other):
+                seen.append(_seam.current_executor())
+                entered.set()
+                assert leave.wait(WAIT_S)
+
+        thread = threading.Thread(target=other_block)
+        thread.start()
+        try:
+            assert entered.wait(WAIT_S)
+            assert _seam.current_executor() is executor  # this context's own block
+            assert _on_a_thread(_seam.current_executor) is other  # the newest open block
+        finally:
+            leave.set()
+            thread.join(WAIT_S)
+        assert seen == [other]
+        assert _on_a_thread(_seam.current_executor) is executor
+    assert _originals() == HELION_ORIGINALS
+
+
+def test_helion_is_patched_once_and_put_back_when_the_last_holder_leaves(
+    executor: PrecompileExecutor,
+) -> None:
+    """The first holder patches, the last one restores; ``install()`` is the fallback below
+    every open block, and ``uninstall()`` inside a block leaves the block's patch in place."""
+    peh.install(executor)
+    try:
+        patched = PrecompileFuture.__dict__["create"]
+        with PrecompileExecutor(1) as other, peh.use(other):
+            assert PrecompileFuture.__dict__["create"] is patched  # not patched twice
+            assert _on_a_thread(_seam.current_executor) is other
+            peh.uninstall()
+            assert peh.installed() and _seam.current_executor() is other
+        assert not peh.installed()
+        assert _originals() == HELION_ORIGINALS
+    finally:
+        peh.uninstall()
 
 
 def test_install_is_process_wide_until_uninstall(executor: PrecompileExecutor) -> None:
@@ -579,14 +645,13 @@ def _triton_key() -> Any:
 
 
 def test_fork_mode_children_inherit_the_callers_warm_triton(
-    executor: PrecompileExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    executor: PrecompileExecutor, tmp_path: Path, fresh_state: None
 ) -> None:
     """A child forked before this process hashed Triton's installation hashes it again in its
     own compile, every child (0.3–0.5 s each; docs/gpu-runs.md, "Helion, fork mode"): ``use()`` starts
     that work on a background thread and fork-mode precompiles fork after it."""
     from precompile_executor.helion import _warm
 
-    monkeypatch.setattr(_warm, "_caller_warms", {})
     _triton_key().cache_clear()  # as in a process that has not compiled yet
     record = tmp_path / "inherited"
     with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
@@ -596,12 +661,13 @@ def test_fork_mode_children_inherit_the_callers_warm_triton(
         _inject(bound, config, f"key:{record}")
         assert PrecompileFuture.wait_for_all([future]) == [True]
     assert record.read_text() == "1"
-    assert list(_warm._caller_warms) == [_warm.FALLBACK_TARGET]  # no CUDA context here
-    assert not any(thread.is_alive() for thread in _warm._caller_warms.values())
+    assert list(peh.state.caller_warms) == [_warm.FALLBACK_TARGET]  # no CUDA context here
+    assert not any(thread.is_alive() for thread in peh.state.caller_warms.values())
 
 
 def test_a_caller_warm_up_that_fails_costs_nothing_but_its_head_start(
     executor: PrecompileExecutor,
+    fresh_state: None,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -615,7 +681,6 @@ def test_a_caller_warm_up_that_fails_costs_nothing_but_its_head_start(
         raise RuntimeError(f"no backend for {target}")
 
     caplog.set_level(logging.DEBUG, logger="precompile_executor.helion")
-    monkeypatch.setattr(_warm, "_caller_warms", {})
     monkeypatch.setattr(_prewarm, "warm_caller", broken)
     with _fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
         (config,) = _configs(bound, 1)
@@ -1054,6 +1119,7 @@ _KILLED_SCRIPT = """
 import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 import helion
+import psutil
 import precompile_executor.helion as peh
 from benchmarks._helion_cpu import on_the_cpu
 from precompile_executor import PrecompileExecutor
@@ -1068,37 +1134,98 @@ with PrecompileExecutor(2) as ex, peh.use(ex), compile_only_driver(parse_target(
     p = on_the_cpu(
         StreamingBenchmarkProvider, bound, args, s, lambda c: 1.0, benchmark_subprocess=True
     )
-    print(p.__dict__["_early_benchmark_worker"].worker._process.pid, flush=True)
-    time.sleep(float(sys.argv[2]))
+    worker = p.__dict__["_early_benchmark_worker"].worker._process.pid
+    if sys.argv[2] == "batch":  # mid-batch: two fork-mode compiles hang in their children
+        import threading
+        from helion.autotuner.precompile_future import PrecompileFuture
+        from test_helion import _configs, _context, _create, _inject
+
+        p._benchmark_worker  # warm
+        before = len(psutil.Process().children(recursive=True))
+        ctx = _context(bound, args, autotune_precompile="fork")
+        configs = _configs(bound, 2)
+        futures = [_create(ctx, bound, c, args) for c in configs]
+        for c in configs:
+            _inject(bound, c, "hang")
+        # On another thread, as an autotune may run: the open use() block reaches it too.
+        threading.Thread(target=PrecompileFuture.wait_for_all, args=(futures,), daemon=True).start()
+        deadline = time.monotonic() + 60
+        while len(psutil.Process().children(recursive=True)) < before + 2:
+            assert time.monotonic() < deadline, "the batch's children never started"
+            time.sleep(0.05)
+    else:
+        time.sleep(float(sys.argv[2]))
+    print(worker, *(c.pid for c in psutil.Process().children(recursive=True)), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
+DIES_WITH_ITS_PARENT_S = 2.0
+"""How soon after a SIGKILL of the autotuning process every process it started is gone: the
+guardians kill at once (docs/helion.md, "Helion's benchmark subprocess, started before the
+autotune"); the rest is the kernel's and the scheduler's."""
 
-def _pid_printed_before_its_sigkill(argv: list[str], env: dict[str, str] | None = None) -> int:
-    """Run a script that prints a pid and then SIGKILLs itself; check that it did, return the
-    pid (whose process should die with the script)."""
-    done = subprocess.run(
-        [sys.executable, "-c", *argv],
-        cwd=Path(__file__).parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
-    return int(done.stdout.split()[0])
+
+def _pids_printed_before_its_sigkill(
+    argv: list[str], env: dict[str, str] | None = None
+) -> list[int]:
+    """Run a script that prints pids on its first line and then SIGKILLs itself; check that it
+    did, return the pids (whose processes should die with the script), as soon as it is dead.
+
+    Its output is not read to the end: its children inherit the pipe, and waiting for the end of
+    it would wait for them too (``subprocess.run`` would).
+    """
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", *argv],
+            cwd=Path(__file__).parent.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        assert proc.stdout is not None
+        with proc.stdout:
+            first = proc.stdout.readline()
+            returncode = proc.wait(timeout=200)
+        stderr.seek(0)
+        assert returncode == -signal.SIGKILL, stderr.read()[-4000:]
+    return list(dict.fromkeys(int(pid) for pid in first.split()))
+
+
+def _assert_all_gone(pids: list[int], timeout_s: float = DIES_WITH_ITS_PARENT_S) -> None:
+    """Every process of ``pids`` is gone (or a zombie) within ``timeout_s`` of now."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    left = []
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            left.append(f"{proc.pid}: {' '.join(proc.cmdline())[:150]}")
+            proc.kill()  # not left for later tests
+    assert not left, f"alive {timeout_s} s after the SIGKILL:\n" + "\n".join(left)
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("after", [0.5, 8.0], ids=["warming", "warm"])
-def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
-    after: float, tmp_path: Path
-) -> None:
-    """The worker started early is Helion's: it dies with the autotuning process, killed while
-    the worker still starts or after it warmed up."""
+@pytest.mark.parametrize("after", ["0.5", "8", "batch"], ids=["warming", "warm", "mid-batch"])
+def test_a_sigkill_of_the_autotuning_process_leaves_no_process(after: str, tmp_path: Path) -> None:
+    """The benchmark worker the provider started (Helion's own ``_start``) and every other
+    process of the autotuning process die with it: killed while the worker still starts, after
+    it warmed up, or while a fork-mode batch compiles (the compile children hang)."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    argv = [_KILLED_SCRIPT, str(Path(__file__).parent), str(after)]
-    _assert_gone(_pid_printed_before_its_sigkill(argv, env), timeout_s=60)
+    argv = [_KILLED_SCRIPT, str(Path(__file__).parent), after]
+    pids = _pids_printed_before_its_sigkill(argv, env)
+    assert len(pids) >= (4 if after == "batch" else 2)  # the worker, the tracker, children...
+    _assert_all_gone(pids)
 
 
 @pytest.mark.timeout(240)
@@ -1672,10 +1799,7 @@ def test_gpu_sigkill_of_the_autotuning_process_leaves_no_process_and_no_gpu_memo
         assert len(tree) > 1, "the batch should be running in workers"
         os.kill(proc.pid, signal.SIGKILL)  # the autotuning process only, not its group
         proc.wait(timeout=60)
-        _, alive = psutil.wait_procs(
-            [psutil.Process(p) for p in tree[1:] if psutil.pid_exists(p)], timeout=60
-        )
-        assert not alive, f"left behind: {[p.pid for p in alive]}"
+        _assert_all_gone(tree[1:])  # within DIES_WITH_ITS_PARENT_S: the guardians kill at once
         deadline = time.monotonic() + 60
         while True:  # no CUDA context of that tree is left on the GPU
             apps = subprocess.run(

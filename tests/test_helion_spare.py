@@ -26,7 +26,11 @@ torch = pytest.importorskip("torch")
 
 import psutil  # noqa: E402
 from test_faults import _assert_gone  # noqa: E402
-from test_helion import _fork_batch, _pid_printed_before_its_sigkill  # noqa: E402
+from test_helion import (  # noqa: E402
+    _assert_all_gone,
+    _fork_batch,
+    _pids_printed_before_its_sigkill,
+)
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
@@ -47,8 +51,8 @@ def executor() -> Iterator[PrecompileExecutor]:
 @pytest.fixture(autouse=True)
 def _no_spare_left() -> Iterator[None]:
     yield
-    left = _bench_worker.spare()
-    _bench_worker.discard()
+    left = peh.state.spare
+    peh.state.reset()
     assert left is None, "a test left a spare benchmark worker"
 
 
@@ -107,17 +111,35 @@ def test_a_spare_for_another_device_is_discarded_and_the_provider_starts_its_own
 
 
 @pytest.mark.timeout(240)
-def test_a_spare_nobody_takes_ends_with_the_last_installation(
-    executor: PrecompileExecutor,
-) -> None:
-    """Nested ``use()`` blocks keep the spare; when the outermost ends it is killed, warm or
-    still starting."""
-    with peh.use(executor):
+def test_a_spare_nobody_takes_ends_with_the_last_holder(executor: PrecompileExecutor) -> None:
+    """Every open holder keeps the spare — nested blocks, and a block on another thread that
+    exits after this thread's (blocks may close in any order); when the last one leaves, it is
+    killed, warm or still starting."""
+    import threading
+
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_block() -> None:
         with peh.use(executor):
-            spare = _bench_worker.prestart("cpu", 30)
-            assert spare is not None
-            assert _bench_worker.prestart("cpu", 30) is None  # one at a time
-        assert _bench_worker.spare() is spare and spare.process.is_alive()
+            entered.set()
+            assert leave.wait(WAIT_S)
+
+    other = threading.Thread(target=other_block)
+    try:
+        with peh.use(executor):
+            with peh.use(executor):
+                spare = _bench_worker.prestart("cpu", 30)
+                assert spare is not None
+                assert _bench_worker.prestart("cpu", 30) is None  # one at a time
+            assert _bench_worker.spare() is spare and spare.process.is_alive()
+            other.start()
+            assert entered.wait(WAIT_S)
+        assert _bench_worker.spare() is spare and spare.process.is_alive()  # the other's block
+    finally:
+        leave.set()
+        if other.ident is not None:  # started
+            other.join(WAIT_S)
+    assert not other.is_alive()
     assert _bench_worker.spare() is None
     _assert_gone(spare.process.pid, timeout_s=30)
 
@@ -229,10 +251,11 @@ def test_install_at_the_top_starts_the_benchmark_worker_beside_the_programs_impo
 
 _KILLED = """
 import os, signal, sys, time
+import psutil
 from precompile_executor.helion import _bench_worker
 spare = _bench_worker.prestart("cpu", 30)
-print(spare.process.pid, flush=True)
 time.sleep(float(sys.argv[1]))
+print(spare.process.pid, *(c.pid for c in psutil.Process().children(recursive=True)), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -240,9 +263,62 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("after", [0.3, 12.0], ids=["importing", "warm"])
 def test_a_sigkill_of_the_program_leaves_no_spare(after: float) -> None:
-    """The spare dies with the program that started it, killed while the spare still imports
-    Helion (before Helion's own loop arranges that) or after it warmed up."""
-    _assert_gone(_pid_printed_before_its_sigkill([_KILLED, str(after)]), timeout_s=60)
+    """The spare, and every other process the program started (the guardian, the
+    ``multiprocessing`` resource tracker), die with the program that started it, killed while
+    the spare still imports Helion (before Helion's own loop arranges anything) or after it
+    warmed up."""
+    _assert_all_gone(_pids_printed_before_its_sigkill([_KILLED, str(after)]))
+
+
+_KILLED_WHILE_HELIONS_WORKER_IMPORTS = """
+import os, signal
+import helion
+import psutil
+from precompile_executor.helion import _bench_worker
+settings = helion.Settings(autotune_benchmark_subprocess=True)
+early = _bench_worker.start_early(settings, "cpu")  # Helion's own _start(), as the provider's
+print(early.process.pid, *(c.pid for c in psutil.Process().children(recursive=True)), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_sigkill_while_helions_worker_still_imports_leaves_no_process() -> None:
+    """Helion's own worker loop asks for a signal at its parent's death only after ``import
+    helion`` in the child: killed before that, the worker would import on for seconds and only
+    then see its pipe closed. The guardian kills it at once, and the resource tracker its spawn
+    start brought up ends with it."""
+    _assert_all_gone(_pids_printed_before_its_sigkill([_KILLED_WHILE_HELIONS_WORKER_IMPORTS]))
+
+
+_KILLED_INSTALLED = """
+import os, signal, sys, time
+from precompile_executor.helion import _bench_worker
+_bench_worker.gpu_visible = lambda: True  # stand-ins: this machine has no GPU
+_bench_worker.FIRST_GPU = "cpu"
+import precompile_executor.helion as peh
+peh.install()  # before helion and torch: the spare imports them beside this process
+import psutil
+spare = _bench_worker.spare()
+if sys.argv[1] == "warm":
+    spare.join()
+    assert spare.error is None, spare.error
+print(spare.process.pid, *(c.pid for c in psutil.Process().children(recursive=True)), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("when", ["starting", "warm"])
+def test_a_sigkill_of_an_installed_program_leaves_no_process(when: str) -> None:
+    """``install()`` at the top of a program starts the spare; a SIGKILL of the program while
+    the spare starts or once it is warm leaves no process of the program's tree: not the spare,
+    not the resource tracker its spawn start brought up, not the guardians."""
+    env = {**os.environ}
+    env.pop("HELION_AUTOTUNE_PRECOMPILE", None)
+    pids = _pids_printed_before_its_sigkill([_KILLED_INSTALLED, when], env)
+    assert len(pids) >= 3  # the spare, the guardian, the resource tracker, ...
+    _assert_all_gone(pids)
 
 
 def test_check_refuses_a_changed_worker_loop(monkeypatch: pytest.MonkeyPatch) -> None:

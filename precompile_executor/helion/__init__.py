@@ -13,6 +13,11 @@ argument both build the process's executor for Helion once (``import_helion`` in
 template, the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warm
 it in the background; ``use(ex)`` takes an executor of your own.
 
+Which executor — the scope rule, the same in every integration (``docs/helion.md``, "Which
+executor: the scope rule"): a ``use()`` block is open for the whole process while it is open, so
+an autotune on any thread goes through it; the innermost block of the current context wins, then
+the newest block open anywhere, then ``install()``'s executor, else Helion runs stock.
+
 Fastest is ``install()`` as the program's first lines, before ``import torch`` and ``import
 helion``: Helion's benchmark subprocess (and, in spawn mode, the executor's template) then starts
 beside the program's own imports.
@@ -40,6 +45,10 @@ on and refuses anything else with :class:`UnsupportedHelionError`, patching noth
 
 Importing this module imports neither Helion nor torch; :func:`use` imports Helion, and so does
 reading ``StreamingBenchmarkProvider``.
+
+``state`` is the integration's process-wide state in one object (``_state.HelionState``): its
+``reset()`` (for tests) closes every block and the installation, kills the spare benchmark
+worker, stops the default executor and forgets it all.
 """
 
 from typing import Any
@@ -55,6 +64,7 @@ from ._seam import (
     use,
 )
 from ._spawn_task import import_helion
+from ._state import STATE as state
 
 __all__ = [
     "SUPPORTED_HELION_VERSIONS",
@@ -65,6 +75,7 @@ __all__ = [
     "import_helion",
     "install",
     "installed",
+    "state",
     "uninstall",
     "use",
 ]

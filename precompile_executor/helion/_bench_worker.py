@@ -16,8 +16,8 @@ jobs over its pipe — started earlier, in one of two ways:
   A ``use()`` block entered later starts none (a block that autotunes nothing would start and
   kill a process for nothing). Its process is spawned without importing Helion here
   (:func:`serve` imports it in the child); the provider wraps it in a ``BenchmarkWorker`` of its
-  own (:meth:`EarlyWorker.adopt`). The last installation to go (``uninstall()``, the end of the
-  outermost ``use()`` block) kills a spare nobody took.
+  own (:meth:`EarlyWorker.adopt`). When the last holder of the scope leaves (``uninstall()``,
+  the last open ``use()`` block's exit), a spare nobody took is killed.
 * **the provider's own** (:func:`start_early`): where no spare fits (another device, none
   started), the provider starts Helion's worker when it is built.
 * **kept** (:func:`keep`): while installed, a healthy, idle worker whose autotune ended becomes
@@ -31,13 +31,25 @@ Helion's, used exactly as Helion uses it (its timeouts, its respawn after a time
 CUDA error, its shutdown in ``cleanup``). A warm-up that fails stops the worker, and Helion's next
 job starts a fresh one, as without this module.
 
+**Dying with the autotuning process.** Every worker process — the spare, the provider's, each of
+Helion's respawns (:func:`worker_class` wraps ``_start``) — is registered with the integration's
+guardian (``_state``; :class:`precompile_executor._process.Guardian`) as soon as its pid exists,
+before it makes itself a process group leader; the guardian is started first. If this process
+dies, even by SIGKILL, the guardian SIGKILLs each registered worker's group and the worker
+itself at once; a worker is forgotten once it is dead and reaped. The ``multiprocessing``
+resource tracker that the first spawn start brings up is the stdlib's, shared with the program:
+it is not killed (it would skip its clean-up of what the program leaked) but ends by itself when
+the last process holding its pipe — this one, then the worker, which inherits it — is gone
+(``docs/helion.md``, "Helion's benchmark subprocess, started before the autotune"). Until the
+guardian has its pid (the microseconds between the spawn and the registration) a spare also asks
+the kernel for SIGKILL at its parent's death (``PR_SET_PDEATHSIG`` in :func:`serve`, before its
+imports; Helion's loop arranges SIGTERM only after ``import helion``).
+
 Threads and lifetime: a worker's process is started on the thread that calls ``install()``,
-``use()`` or builds the provider, never on a short-lived one: Helion's worker sets
-``PR_SET_PDEATHSIG``, which fires when the thread that started it exits (:func:`serve` sets it
-too, before its imports, so a killed parent leaves no spare importing). Only the warm-up round
-trip runs on the ``precompile-bench-warm`` thread; :class:`AfterWarmUp` makes every read of the
-provider's ``_benchmark_worker`` wait for it, so two jobs never share the pipe. ``_lock`` guards
-the spare.
+``use()`` or builds the provider, never on a short-lived one: ``PR_SET_PDEATHSIG`` fires when the
+thread that started it exits. Only the warm-up round trip runs on the ``precompile-bench-warm``
+thread; :class:`AfterWarmUp` makes every read of the provider's ``_benchmark_worker`` wait for it,
+so two jobs never share the pipe. ``STATE.lock`` guards the spare (``_state.HelionState``).
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import logging
 import multiprocessing
 import os
@@ -54,6 +67,9 @@ import sys
 import threading
 import time
 from typing import Any
+
+from .. import _process
+from ._state import STATE
 
 _log = logging.getLogger(__name__)
 
@@ -159,38 +175,57 @@ class InTritonEnvironment:
             return self.job()
 
 
-_worker_class: type | None = None
-
-
+@functools.cache
 def worker_class() -> type:
     """Helion's ``BenchmarkWorker``, whose ``run`` sends each job :class:`InTritonEnvironment`
+    and whose every process is watched by the guardian from its start to its death
     (everything else, timeouts and respawns included, is Helion's)."""
-    global _worker_class
-    if _worker_class is None:
-        from helion.autotuner.benchmark_worker import BenchmarkWorker
+    from helion.autotuner.benchmark_worker import BenchmarkWorker
 
-        from ._spawn_task import triton_environment
+    from ._spawn_task import triton_environment
 
-        class InTheAutotunesEnvironment(BenchmarkWorker):  # type: ignore[misc]
-            idle = True
-            """Whether no job's round trip is open: ``False`` while ``run`` waits, and after a
-            wait cut short (Ctrl-C) whose answer may still come down the pipe — such a worker
-            is never kept for another autotune (:func:`keep`)."""
+    class InTheAutotunesEnvironment(BenchmarkWorker):  # type: ignore[misc]
+        idle = True
+        """Whether no job's round trip is open: ``False`` while ``run`` waits, and after a
+        wait cut short (Ctrl-C) whose answer may still come down the pipe — such a worker is
+        never kept for another autotune (:func:`keep`)."""
 
-            def run(self, job: Any, timeout: float) -> Any:
-                self.idle = False
-                try:
-                    result = super().run(InTritonEnvironment(job, triton_environment()), timeout)
-                except Exception:
-                    # The job's own error came back, or Helion killed the worker (a timeout, a
-                    # death): either way nothing more comes down this pipe.
-                    self.idle = True
-                    raise
+        def run(self, job: Any, timeout: float) -> Any:
+            self.idle = False
+            try:
+                result = super().run(InTritonEnvironment(job, triton_environment()), timeout)
+            except Exception:
+                # The job's own error came back, or Helion killed the worker (a timeout, a
+                # death): either way nothing more comes down this pipe.
                 self.idle = True
-                return result
+                raise
+            self.idle = True
+            return result
 
-        _worker_class = InTheAutotunesEnvironment
-    return _worker_class
+        def _start(self) -> None:
+            # Helion's own start (also its respawn after a timeout or a sticky CUDA error),
+            # watched by the guardian from the moment its pid exists.
+            STATE.guardian.fileno()  # the guardian runs before the worker exists
+            super()._start()
+            STATE.guardian.watch(self._process.pid)
+
+        def _kill(self) -> None:
+            process = self._process
+            super()._kill()
+            _forget_if_dead(process)
+
+    return InTheAutotunesEnvironment
+
+
+def _forget_if_dead(process: Any) -> None:
+    """Stop watching ``process`` once it is dead and reaped (its pid may be reused then); one
+    still alive (Helion's "unkillable" worker) stays watched."""
+    if process is None or process.pid is None:
+        return
+    with contextlib.suppress(Exception):
+        if process.is_alive():
+            return
+    STATE.guardian.forget(process.pid)
 
 
 def serve(connection: Any, parent_pid: int) -> None:
@@ -270,14 +305,14 @@ class EarlyWorker:
             self.ended = time.perf_counter()
 
     def _kill(self) -> None:
-        # The process group first (its ptxas too), as Helion's own kill does. The pipe stays open:
-        # closing it under the warm-up thread's poll() would not wake that thread; the process's
-        # death does (EOF).
+        # The process group (its ptxas too) and the process itself, which has no group of its
+        # own until serve() or Helion's loop calls setsid. The pipe stays open: closing it under
+        # the warm-up thread's poll() would not wake that thread; the process's death does (EOF).
         with contextlib.suppress(Exception):
-            os.killpg(self.process.pid, signal.SIGKILL)
+            _process.kill_group(self.process.pid, grace_s=0)
         with contextlib.suppress(Exception):
-            self.process.kill()
             self.process.join(timeout=5)
+        _forget_if_dead(self.process)
 
     def usable(self) -> bool:
         """Whether a provider can still take it: not failed, not dead."""
@@ -328,21 +363,7 @@ def wants_worker(settings: Any) -> bool:
     )
 
 
-# -- the spare ------------------------------------------------------------------------------------
-
-_lock = threading.Lock()
-_spare: EarlyWorker | None = None
-
-
-def _forget_spare_in_child() -> None:
-    # A forked child (a DataLoader worker, our own fork path's compile children) does not own
-    # the parent's spare: multiprocessing refuses to even test a process that is not its child.
-    global _lock, _spare
-    _lock = threading.Lock()
-    _spare = None
-
-
-os.register_at_fork(after_in_child=_forget_spare_in_child)
+# -- the spare (kept in STATE: see _state) ---------------------------------------------------------
 
 
 def bootstrapping() -> bool:
@@ -354,22 +375,24 @@ def bootstrapping() -> bool:
 
 def prestart(device: str, benchmark_timeout: float) -> EarlyWorker | None:
     """Start a spare benchmark worker for ``device`` (``"cuda:0"``), unless one is there."""
-    global _spare
     if not STARTS_EARLY or bootstrapping():
         return None
-    with _lock:
-        if _spare is not None and _spare.usable():
+    with STATE.lock:
+        if STATE.spare is not None and STATE.spare.usable():
             return None
-        stale, _spare = _spare, None
+        stale, STATE.spare = STATE.spare, None
         context = multiprocessing.get_context("spawn")  # as Helion's worker: no fork of CUDA
         parent, child = context.Pipe(duplex=True)
         process = context.Process(
             target=serve, args=(child, os.getpid()), daemon=True, name="helion-benchmark-worker"
         )
+        STATE.guardian.fileno()  # the guardian runs before the worker exists
         process.start()
+        assert process.pid is not None  # started
+        STATE.guardian.watch(process.pid)
         child.close()
-        _spare = EarlyWorker(process, parent, WarmUp(device), _warm_up_timeout(benchmark_timeout))
-        spare = _spare
+        spare = EarlyWorker(process, parent, WarmUp(device), _warm_up_timeout(benchmark_timeout))
+        STATE.spare = spare
     if stale is not None:
         stale.discard()
     return spare
@@ -451,9 +474,9 @@ def device_key(device: Any) -> str:
 def take(device: Any) -> EarlyWorker | None:
     """The spare, adopted for a provider on ``device``, or ``None``: none started, it failed or
     died, or it warms another device (then it is discarded: the provider starts its own)."""
-    global _spare
-    with _lock:
-        spare, _spare = _spare, None
+    with STATE.lock:
+        spare: EarlyWorker | None = STATE.spare
+        STATE.spare = None
     if spare is None:
         return None
     if not spare.usable() or spare.device != device_key(device):
@@ -469,10 +492,7 @@ def keep(worker: Any, device: Any) -> bool:
     alive, healthy and idle (no round trip open), and no spare is there. It first releases the
     autotune's cached arguments (:class:`Release`). Returns whether it was kept; if not, the
     caller shuts it down."""
-    global _spare
-    from . import _installed
-
-    if not STARTS_EARLY or not _installed.installed():
+    if not STARTS_EARLY or not STATE.active():
         return False
     if getattr(worker, "_fatal_error", None) is not None or not worker.alive():
         return False
@@ -480,26 +500,31 @@ def keep(worker: Any, device: Any) -> bool:
         return False
     process, connection = worker._process, worker._parent_connection
     timeout = WARM_UP_TIMEOUT_FLOOR_S
-    with _lock:
-        if _spare is not None:
+    with STATE.lock:
+        if STATE.spare is not None:
             return False
-        _spare = EarlyWorker(process, connection, Release(device_key(device)), timeout)
+        kept = EarlyWorker(process, connection, Release(device_key(device)), timeout)
+        STATE.spare = kept
+    if not STATE.active():
+        # The last holder left between the check above and now, and its exit found no spare
+        # to doom: nothing will take this one (the lock order forbids asking under the lock).
+        discard()
     return True
 
 
 def discard() -> None:
-    """Kill the spare, if nobody took it (the last installation went away)."""
-    global _spare
-    with _lock:
-        spare, _spare = _spare, None
+    """Kill the spare, if nobody took it (the last holder went away)."""
+    with STATE.lock:
+        spare, STATE.spare = STATE.spare, None
     if spare is not None:
         spare.discard()
 
 
 def spare() -> EarlyWorker | None:
     """The spare waiting for a provider, if any (for tests and benchmarks)."""
-    with _lock:
-        return _spare
+    with STATE.lock:
+        found: EarlyWorker | None = STATE.spare
+    return found
 
 
 class AfterWarmUp:

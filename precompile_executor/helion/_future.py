@@ -3,8 +3,9 @@
 :func:`create` replaces ``PrecompileFuture.create``: it prepares one config's task and returns a
 :class:`HelionFuture`, which has the attributes Helion's autotuner reads (``ok``,
 ``failure_reason``, ``process``, ``started``, ``elapsed``, ...). :func:`wait_for_all` replaces
-``PrecompileFuture.wait_for_all``: it submits the batch to the installed executor, at most
-``ctx.jobs`` at a time in order, and settles each future as its task finishes.
+``PrecompileFuture.wait_for_all``: it submits the batch to the executor in use (the scope rule:
+``_warm.current_executor``), at most ``ctx.jobs`` at a time in order, and settles each future as
+its task finishes.
 
 Data flow (one batch)::
 
@@ -49,10 +50,11 @@ from .. import (
 )
 from .. import wait_for_all as _executor_wait_for_all
 from ..gpu import SharedArgs, run_once, share_args
-from . import _installed, _warm
+from . import _warm
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
+from ._state import STATE
 
 log = logging.getLogger("precompile_executor.helion")
 
@@ -145,7 +147,7 @@ def create(
     result_path: str,
     args_path: str | None,
 ) -> Any:
-    """``PrecompileFuture.create`` on the installed executor (same signature, same errors).
+    """``PrecompileFuture.create`` on the executor in use (same signature, same errors).
 
     ``result_path`` and ``args_path`` are not used: results come back through the executor, and
     spawn mode shares ``ctx.args`` itself, once per batch.
@@ -196,7 +198,7 @@ def create(
 
 
 def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
-    """``PrecompileFuture.wait_for_all`` on the installed executor; one bool per future, in order.
+    """``PrecompileFuture.wait_for_all`` on the executor in use; one bool per future, in order.
 
     Raises:
         helion.exc.TritonError: a config failed with an error Helion classifies as "raise"
@@ -208,7 +210,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
     ours = [f for f in futures if isinstance(f, HelionFuture) and f.ok is None]
     native = [f for f in futures if not isinstance(f, HelionFuture) and f.ok is None]
     if native:  # not created by us (e.g. installed mid-batch): Helion's own wait handles them
-        _installed.original_wait_for_all()(native, None)
+        STATE.helion_wait_for_all()(native, None)
     progress = iter_with_progress(
         range(len(futures)), total=len(futures), description=desc, enabled=desc is not None
     )
@@ -217,7 +219,7 @@ def wait_for_all(futures: list[Any], desc: str | None = None) -> list[bool]:
         next(progress, None)
     if ours:
         with _shared_args(ours) as shared:
-            _run(_installed.current_executor(), ours, shared, progress)
+            _run(_warm.current_executor(), ours, shared, progress)
     result = []
     for f in futures:
         assert f.ok is not None

@@ -64,8 +64,9 @@ from helion.autotuner.benchmark_provider import (
 from helion.autotuner.logger import capture_output
 from helion.autotuner.progress_bar import iter_with_progress
 
-from . import _bench_worker, _future, _installed, _warm
+from . import _bench_worker, _future, _warm
 from ._lease import GpuLease, lease_for
+from ._state import STATE
 
 DEFERRED_BASELINE_MAX_BYTES = 1 << 30
 """Largest total size of the kernel's tensor arguments for which the baseline is deferred: the
@@ -107,7 +108,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
 
     Use it like Helion's: ``BaseSearch(kernel, args, benchmark_provider_cls=
     StreamingBenchmarkProvider)``; :func:`precompile_executor.helion.use` makes every search use
-    it. Precompiles run on the installed executor.
+    it. Precompiles run on the executor in use (the scope rule).
     """
 
     _baseline_output = _AfterBaseline()
@@ -161,7 +162,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         if self.settings.autotune_precompile == "spawn":
             self._lease = lease_for(self.kernel.env.device)
             mismatch = _warm.early_device_mismatch(self.kernel.env.device)
-            if mismatch is not None and _warm.is_default(_installed.current_executor()):
+            if mismatch is not None and _warm.is_default(_warm.current_executor()):
                 self.log.warning(mismatch)
 
     def cleanup(self) -> None:
@@ -239,7 +240,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         return (
             len(configs) > 1
             and self.settings.autotune_precompile in ("fork", "spawn")
-            and _installed.installed()
+            and STATE.active()
             and not dist.is_initialized()
         )
 
@@ -261,7 +262,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         results: list[Any] = [None] * len(configs)
         with (
             self._shared() as shared,
-            _future.Stream(_installed.current_executor(), shared) as stream,
+            _future.Stream(_warm.current_executor(), shared) as stream,
         ):
             compiled, failed = self._codegen_and_submit(configs, stream)
             stream.close_input()
@@ -398,7 +399,7 @@ def _defers_baseline(settings: Any, args: Sequence[object]) -> bool:
     import torch.distributed as dist
     from torch.utils._pytree import tree_leaves
 
-    if settings.autotune_precompile != "fork" or not _installed.installed():
+    if settings.autotune_precompile != "fork" or not STATE.active():
         return False
     if dist.is_initialized() or not isinstance(args, (tuple, list)):
         return False

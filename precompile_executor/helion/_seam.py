@@ -9,9 +9,16 @@ seen by every caller (rebinding a module-level name would not be). That is all t
 touches. Because this code moved several times in 2026, :func:`check_helion` pins the version and
 the signatures and names every private helper we reuse, and refuses anything else.
 
-Threads: installing and restoring happen on the caller's thread under ``_lock``; the patched
-methods run on whatever thread runs the autotune (Helion's is the caller's). The installation is
-process-wide while it lasts, as the class is.
+Which executor (:func:`use`, :func:`install`): one rule for every integration, the scope rule
+(``docs/helion.md``, "Which executor: the scope rule"; ``precompile_executor._scope``). A
+``use()`` block is open for the whole process while it is open: an autotune on any thread goes
+through it. The innermost block of the current context wins, then the newest block open
+anywhere, then ``install()``'s executor, else Helion runs stock. Helion's methods are patched
+once, when the first holder arrives, and put back when the last leaves (the scope's
+activate/deactivate); the patched methods ask the scope which executor to use at each call.
+
+Threads: patching and restoring run under the scope's lock, on the thread of the arriving or
+leaving holder; the patched methods run on whatever thread runs the autotune.
 """
 
 from __future__ import annotations
@@ -26,13 +33,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import PrecompileExecutor
-from ._installed import Installation as _Installation
-from ._installed import current_executor as current_executor  # re-exported: the seam's API
-from ._installed import installed as installed
-from ._installed import lock as _lock
-from ._installed import original_wait_for_all as original_wait_for_all
-from ._installed import stack as _stack
-from ._installed import uses as uses
+from . import _bench_worker, _warm
+from ._state import STATE, Originals
+from ._warm import current_executor as current_executor  # re-exported: the seam's API
+from ._warm import uses as uses
 
 SUPPORTED_HELION_VERSIONS = ("1.5.1",)
 """Helion releases whose precompile seam this module was written against and tested with."""
@@ -96,6 +100,7 @@ _PROVIDER_METHODS = {
 _WORKER_METHODS = {
     "__init__": ("self", "device"),
     "_start": ("self",),
+    "_kill": ("self",),
     "run": ("self", "job", "timeout"),
     "shutdown": ("self",),
 }
@@ -327,56 +332,39 @@ def _inner_code(code: types.CodeType, name: str) -> types.CodeType | None:
     return None
 
 
-# -- installing ------------------------------------------------------------------------------------
+# -- patching: once, for the first holder of the scope ---------------------------------------------
 
 
-def _install(executor: PrecompileExecutor | None, *, process_wide: bool) -> _Installation:
-    if executor is not None and not isinstance(executor, PrecompileExecutor):
-        raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
-    from . import _bench_worker, _warm
-
-    if "helion" not in sys.modules and helion_version() in SUPPORTED_HELION_VERSIONS:
-        # Ahead of `import helion` (install() at the top of a program): Helion's benchmark
-        # worker and, in spawn mode, the executor's template import Helion beside this
-        # process's own import (docs/helion.md, "Warm-up off the clock").
-        _bench_worker.prestart_before_helion()
-        if executor is None:
-            _warm.start_before_helion()
-    try:
-        check_helion()  # before anything is patched; on refusal nothing stays built
-    except BaseException:
-        _warm.discard_early()
-        if not installed():
-            _bench_worker.discard()
-        raise
-    if process_wide:
-        # install(): one spare per process, kept warm across autotunes. A use() block leaves
-        # the start to its autotune's provider: blocks that autotune nothing (a kernel already
-        # tuned) would each start and kill a process for nothing.
-        _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
+def _patch() -> Originals:
+    """Replace Helion's three attributes with ours; return what was there (the scope's
+    ``activate``: run under its lock when the first holder arrives)."""
     from helion.autotuner.base_search import BaseSearch
     from helion.autotuner.precompile_future import PrecompileFuture
 
     from . import _future
 
-    built = executor is None
-    if executor is None:
-        executor = _warm.default_executor()
-    with _lock:
-        entry = _Installation(
-            executor,
-            inspect.getattr_static(PrecompileFuture, "create"),
-            inspect.getattr_static(PrecompileFuture, "wait_for_all"),
-            inspect.getattr_static(BaseSearch, "_prepare"),
-        )
-        PrecompileFuture.create = staticmethod(_future.create)
-        PrecompileFuture.wait_for_all = staticmethod(_future.wait_for_all)
-        BaseSearch._prepare = _streaming_prepare(entry.prepare)
-        _stack.append(entry)
-    if built and _warm.default_mode_is_spawn():
-        _warm.start_default_warm_up()
-    _warm.start_caller_warm_up()  # fork-mode children inherit it (docs/helion.md, "Fork mode")
-    return entry
+    found = Originals(
+        inspect.getattr_static(PrecompileFuture, "create"),
+        inspect.getattr_static(PrecompileFuture, "wait_for_all"),
+        inspect.getattr_static(BaseSearch, "_prepare"),
+    )
+    PrecompileFuture.create = staticmethod(_future.create)
+    PrecompileFuture.wait_for_all = staticmethod(_future.wait_for_all)
+    BaseSearch._prepare = _streaming_prepare(found.prepare)
+    return found
+
+
+def _restore(found: Originals) -> None:
+    """Put Helion's attributes back (the scope's ``deactivate``: the last holder left)."""
+    from helion.autotuner.base_search import BaseSearch
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    PrecompileFuture.create = found.create
+    PrecompileFuture.wait_for_all = found.wait_for_all
+    BaseSearch._prepare = found.prepare
+
+
+STATE.connect(_patch, _restore)
 
 
 def _streaming_prepare(original: Any) -> Any:
@@ -395,91 +383,119 @@ def _streaming_prepare(original: Any) -> Any:
     return _prepare
 
 
-def _restore(entry: _Installation, *, keep_spare: bool = False) -> None:
-    from helion.autotuner.base_search import BaseSearch
-    from helion.autotuner.precompile_future import PrecompileFuture
+# -- holders: use() blocks and the installation ------------------------------------------------
 
-    with _lock:
-        if entry not in _stack:
-            return
-        index = _stack.index(entry)
-        if index == len(_stack) - 1:
-            # Innermost: put back what was there before it (the outer installation's or Helion's).
-            PrecompileFuture.create = entry.create
-            PrecompileFuture.wait_for_all = entry.wait_for_all
-            BaseSearch._prepare = entry.prepare
-        else:
-            # Out of order: the next one up must restore what this one found.
-            above = _stack[index + 1]
-            _stack[index + 1] = dataclasses.replace(
-                above, create=entry.create, wait_for_all=entry.wait_for_all, prepare=entry.prepare
-            )
-        del _stack[index]
-        last = not _stack
-    if last and not keep_spare:  # a spare benchmark worker nobody took: no autotune to serve
-        from . import _bench_worker
 
-        _bench_worker.discard()
+def installed() -> bool:
+    """Whether Helion's precompile runs on an executor now: a :func:`use` block is open (on any
+    thread) or :func:`install` is in effect."""
+    return STATE.active()
+
+
+def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
+    """Everything before a holder joins the scope: the head starts, the check, the default
+    executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
+    patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
+    if executor is not None and not isinstance(executor, PrecompileExecutor):
+        raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
+    with STATE.lock:
+        STATE.arriving += 1  # a concurrent last exit leaves a spare started here alone
+    try:
+        if "helion" not in sys.modules and helion_version() in SUPPORTED_HELION_VERSIONS:
+            # Ahead of `import helion` (install() at the top of a program): Helion's benchmark
+            # worker and, in spawn mode, the executor's template import Helion beside this
+            # process's own import (docs/helion.md, "Warm-up off the clock").
+            _bench_worker.prestart_before_helion()
+            if executor is None:
+                _warm.start_before_helion()
+        try:
+            check_helion()  # before anything is patched; on refusal nothing stays built
+        except BaseException:
+            _warm.discard_early()
+            raise
+        if process_wide:
+            # install(): one spare per process, kept warm across autotunes. A use() block
+            # leaves the start to its autotune's provider: blocks that autotune nothing (a
+            # kernel already tuned) would each start and kill a process for nothing.
+            _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
+        built = executor is None
+        resolved = _warm.default_executor() if executor is None else executor
+        joined = STATE.scope.install(executor) if process_wide else STATE.scope.enter(executor)
+    except BaseException:
+        with STATE.lock:
+            STATE.arriving -= 1
+        if not STATE.active():
+            _bench_worker.discard()  # a spare started for this holder, which never arrived
+        raise
+    with STATE.lock:
+        STATE.arriving -= 1
+    if built and _warm.default_mode_is_spawn():
+        _warm.start_default_warm_up()
+    _warm.start_caller_warm_up()  # fork-mode children inherit it (docs/helion.md, "Fork mode")
+    return joined, resolved
 
 
 @contextlib.contextmanager
 def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecutor]:
-    """Within the block, Helion's autotuner precompiles on ``executor`` and benchmarks each
-    config as soon as its precompile lands.
+    """Within the block, Helion's autotunes precompile on ``executor`` and benchmark each config
+    as soon as its precompile lands.
+
+    The block is open for the whole process while it is open: an autotune started on *any*
+    thread (the one that entered it, autograd's, a ``threading.Thread``, a pool thread, one that
+    existed before) goes through it. Where several are open, the innermost block entered in the
+    current context wins, then the most recently entered block still open anywhere, then
+    :func:`install`'s executor (docs/helion.md, "Which executor: the scope rule"). Blocks may
+    exit in any order; the last holder to leave puts Helion's methods back, also on an exception.
 
     Helion's ``autotune_precompile="fork"`` runs each config's compile on the executor's fork
     path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
     the background at once. An autotune in the block starts Helion's benchmark subprocess when
-    its provider is built and, at its end, keeps it warm for the block's next autotune; the
-    outermost block's end kills it. Helion's originals are put back on exit, also on an
-    exception. Blocks nest; the innermost wins.
+    its provider is built and, at its end, keeps it warm for the next autotune while a holder is
+    open; when the last holder leaves, a spare nobody took is killed.
 
     Example::
 
         with precompile_executor.helion.use():
             kernel.autotune(args)
 
+    Yields:
+        The executor (the default executor when none was given).
+
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version (nothing is
             patched).
+        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
     """
-    entry = _install(executor, process_wide=False)
+    block, resolved = _arrive(executor, process_wide=False)
     try:
-        yield entry.executor
+        yield resolved
     finally:
-        _restore(entry)
-
-
-_global: _Installation | None = None
+        STATE.scope.exit(block)
+        STATE.discard_doomed()
 
 
 def install(executor: PrecompileExecutor | None = None) -> None:
-    """Make every later Helion autotune in this process precompile on ``executor`` (default:
-    the process's executor for Helion, as :func:`use` builds it).
+    """Make every later Helion autotune in this process, on any thread, precompile on
+    ``executor`` (default: the process's executor for Helion, as :func:`use` builds it) where no
+    :func:`use` block is open (docs/helion.md, "Which executor: the scope rule").
 
     The process-wide form of :func:`use`; :func:`uninstall` undoes it. Installing again
-    replaces the executor. Called as the program's first lines, before ``import torch`` and
-    ``import helion``, it starts Helion's benchmark subprocess (and, in spawn mode, the
-    executor's template) beside the program's own imports; while installed, that subprocess
-    stays warm from one autotune to the next (docs/helion.md, "Helion's benchmark subprocess,
-    started before the autotune").
+    replaces the executor (the spare benchmark worker stays). Called as the program's first
+    lines, before ``import torch`` and ``import helion``, it starts Helion's benchmark
+    subprocess (and, in spawn mode, the executor's template) beside the program's own imports;
+    while installed, that subprocess stays warm from one autotune to the next (docs/helion.md,
+    "Helion's benchmark subprocess, started before the autotune").
 
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
+        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
     """
-    global _global
-    with _lock:
-        if _global is not None:
-            _restore(_global, keep_spare=True)  # the new installation takes it over
-        _global = _install(executor, process_wide=True)
+    _arrive(executor, process_wide=True)
 
 
 def uninstall() -> None:
-    """Undo :func:`install` (a no-op if it is not installed)."""
-    global _global
-    with _lock:
-        if _global is not None:
-            _restore(_global)
-            _global = None
+    """Undo :func:`install` (a no-op if it is not installed); open :func:`use` blocks stay."""
+    STATE.scope.uninstall()
+    STATE.discard_doomed()

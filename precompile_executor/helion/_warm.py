@@ -26,8 +26,15 @@ refuses, :func:`discard_early` shuts that executor down, so a refusal leaves not
 computes one compile cache key, so that every fork-mode child forked after it inherits Triton's
 installation hash instead of computing it in its own compile (docs/helion.md, "Fork mode").
 
-Threads: builders and starters run on any thread, under ``_lock``; the warm-up thread only
-calls ``warm_up()``; the caller's warm-up thread only hashes (no lock of this module).
+**Which executor an autotune uses** (:func:`current_executor`): the scope's, under the scope
+rule (``docs/helion.md``, "Which executor: the scope rule"), ``None`` resolved to the default
+executor.
+
+State: everything this module keeps lives in ``_state.STATE`` (the default executor, its
+warm-up thread, the early device, the caller's warm-up threads, the warm-up's times).
+
+Threads: builders and starters run on any thread, under ``STATE.lock``; the warm-up thread only
+calls ``warm_up()``; the caller's warm-up thread only hashes (it takes no lock).
 """
 
 from __future__ import annotations
@@ -40,36 +47,56 @@ import time
 from typing import Any
 
 from .. import PrecompileExecutor
-from . import _bench_worker, _installed
+from . import _bench_worker
+from ._state import OFF, STATE
 
 log = logging.getLogger("precompile_executor.helion")
 
-_lock = threading.Lock()
-_default: PrecompileExecutor | None = None
-_warming: threading.Thread | None = None
-_early_device: str | None = None
-"""The GPU the default executor was pinned to when :func:`start_before_helion` built it
-(``None``: it was built with Helion and torch at hand, from the current CUDA device)."""
+
+def current_executor() -> PrecompileExecutor:
+    """The executor an autotune starting now, on this thread, precompiles on: the innermost
+    open ``use()`` block of this context, else the newest open block anywhere, else
+    ``install()``'s (the scope rule); ``None`` there is the default executor.
+
+    Raises:
+        RuntimeError: no block and no installation is open (Helion's own methods are back).
+    """
+    executor = STATE.executor()
+    if executor is OFF:
+        raise RuntimeError(
+            "precompile_executor.helion is not in use: no use() block and no install() is open "
+            "(an autotune that outlives the block it started in, on another thread, ends up "
+            "here: keep the block open until the autotune returns)"
+        )
+    return default_executor() if executor is None else executor
+
+
+def uses(executor: PrecompileExecutor) -> bool:
+    """Whether ``executor`` is the one an autotune starting now, on this thread, uses."""
+    found = STATE.executor()
+    if found is None:
+        with STATE.lock:
+            found = STATE.default
+    return found is executor
 
 
 def default_executor() -> PrecompileExecutor:
     """The process's executor for Helion, built on first use (see the module docstring)."""
-    global _default
-    with _lock:
-        if _default is None:
+    with STATE.lock:
+        if STATE.default is None:
             from helion.runtime.settings import Settings
 
             from ._spawn_task import import_helion
 
             jobs = Settings().autotune_precompile_jobs or os.cpu_count() or 1
             device, target = _cuda_device()
-            _default = PrecompileExecutor(
+            STATE.default = PrecompileExecutor(
                 jobs,
                 initializer=import_helion,
                 initargs=(target,),
                 devices=None if device is None else [device],
             )
-        return _default
+        return STATE.default
 
 
 def _cuda_device() -> tuple[int | str | None, str | None]:
@@ -98,22 +125,24 @@ def default_mode_is_spawn() -> bool:
 def start_default_warm_up() -> None:
     """Start warming the default executor in the background (once; a no-op if it is not the
     executor in use)."""
-    with _lock:
-        executor = _default
-        if executor is None or _warming is not None or not _installed.uses(executor):
-            return
-        _start_warming(executor)
+    with STATE.lock:
+        executor = STATE.default
+    if executor is None or not uses(executor):  # asked outside the lock (_state: lock order)
+        return
+    with STATE.lock:
+        if STATE.warming is None and STATE.default is executor:
+            _start_warming(executor)
 
 
 def _start_warming(executor: PrecompileExecutor) -> None:
-    global _warming
-    _warming = threading.Thread(
+    # Under STATE.lock.
+    STATE.warming = threading.Thread(
         target=_warm_up,
         args=(executor,),
         name="precompile-executor-helion-warm-up",
         daemon=True,
     )
-    _warming.start()
+    STATE.warming.start()
 
 
 SPAWN_VARIABLE = "HELION_AUTOTUNE_PRECOMPILE"
@@ -129,7 +158,6 @@ def start_before_helion() -> bool:
     already, or when the environment says fork mode or holds a value Helion itself will refuse
     with its own message.
     """
-    global _default, _early_device
     if "helion" in sys.modules or os.environ.get(SPAWN_VARIABLE, "").strip() != "spawn":
         return False
     if _bench_worker.bootstrapping():  # a spawn child importing its parent's main module
@@ -147,26 +175,27 @@ def start_before_helion() -> bool:
         return False  # no GPU visible: nothing to pin; default_executor() decides later
     from ._spawn_task import import_helion
 
-    with _lock:
-        if _default is not None:
+    with STATE.lock:
+        if STATE.default is not None:
             return False
-        _default = PrecompileExecutor(
+        STATE.default = PrecompileExecutor(
             jobs, initializer=import_helion, initargs=(None,), devices=[device]
         )
-        _early_device = device
-        _times["built"] = time.monotonic()
-        _start_warming(_default)
+        STATE.early_device = device
+        STATE.times["built"] = time.monotonic()
+        _start_warming(STATE.default)
     return True
 
 
 def discard_early() -> None:
     """Shut down an executor :func:`start_before_helion` built (the check refused Helion)."""
-    global _default, _warming, _early_device
-    with _lock:
-        executor, thread = (_default, _warming) if _early_device is not None else (None, None)
+    with STATE.lock:
+        executor, thread = (
+            (STATE.default, STATE.warming) if STATE.early_device is not None else (None, None)
+        )
         if executor is None:
             return
-        _default = _warming = _early_device = None
+        STATE.default = STATE.warming = STATE.early_device = None
     executor.shutdown(wait=True, cancel_futures=True)
     executor.terminate_workers()
     if thread is not None:
@@ -180,8 +209,8 @@ def early_device_mismatch(kernel_device: Any) -> str | None:
     It was pinned to the first GPU this process sees; a kernel on ``cuda:1`` of this process
     would have its configs run once on the other GPU (a valid check, but not on its own GPU).
     """
-    with _lock:
-        device = _early_device
+    with STATE.lock:
+        device = STATE.early_device
     index = getattr(kernel_device, "index", None)
     if device is None or getattr(kernel_device, "type", None) != "cuda" or not index:
         return None
@@ -208,8 +237,6 @@ program's imports): Triton's installation hash, the costly part, is the same for
 WARMS_CALLER = True
 """``False``: :func:`start_caller_warm_up` does nothing — the A/B of it (``helion_bench``'s
 ``install-fork-coldcaller`` mode)."""
-
-_caller_warms: dict[str, threading.Thread] = {}
 
 
 def caller_target() -> str:
@@ -244,8 +271,8 @@ def start_caller_warm_up(target: str | None = None) -> None:
     if not WARMS_CALLER:
         return
     target = target or caller_target()
-    with _lock:
-        if target in _caller_warms:
+    with STATE.lock:
+        if target in STATE.caller_warms:
             return
         thread = threading.Thread(
             target=_warm_caller,
@@ -254,7 +281,7 @@ def start_caller_warm_up(target: str | None = None) -> None:
             daemon=True,
         )
         thread.start()  # before a waiter can see it: join() refuses a thread not started
-        _caller_warms[target] = thread
+        STATE.caller_warms[target] = thread
 
 
 def _warm_caller(target: str) -> None:
@@ -270,46 +297,44 @@ def wait_caller_warm_up(timeout: float = CALLER_WARM_UP_WAIT_S) -> bool:
     """Wait (at most ``timeout`` seconds) for :func:`start_caller_warm_up`'s threads; return
     whether none is still running. Called before a fork: a child forked while another thread
     hashes would start cold, and that thread holds locks the child would inherit held."""
-    with _lock:
-        threads = list(_caller_warms.values())
+    with STATE.lock:
+        threads = list(STATE.caller_warms.values())
     deadline = time.monotonic() + timeout
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     return not any(thread.is_alive() for thread in threads)
 
 
-_times: dict[str, float] = {}
-"""``time.monotonic()`` when the warm-up started and ended, and when :func:`start_before_helion`
-built the executor (statistics for benchmarks and tests)."""
-
-
 def _warm_up(executor: PrecompileExecutor) -> None:
-    _times["started"] = time.monotonic()
+    times = STATE.times  # reset() replaces the dict: a discarded warm-up writes to its own
+    times["started"] = time.monotonic()
     try:
         executor.warm_up()
     except Exception as error:  # noqa: BLE001 - tasks start workers on demand anyway
-        with _lock:
-            discarded = executor is not _default
+        with STATE.lock:
+            discarded = executor is not STATE.default
         if not discarded:  # a discarded executor's warm-up ends in an error by design
             log.warning(
                 "warming Helion's precompile workers failed (they start on demand): %s", error
             )
     finally:
-        _times["ended"] = time.monotonic()
+        times["ended"] = time.monotonic()
 
 
 def warm_up_times() -> dict[str, float]:
-    """When the background warm-up started and ended (``time.monotonic()``), as far as known."""
-    return dict(_times)
+    """When the background warm-up started and ended, and when :func:`start_before_helion`
+    built the executor (``time.monotonic()``), as far as known."""
+    with STATE.lock:
+        return dict(STATE.times)
 
 
 def is_default(executor: PrecompileExecutor) -> bool:
     """Whether ``executor`` is the process's executor for Helion that this module built."""
-    with _lock:
-        return executor is _default
+    with STATE.lock:
+        return executor is STATE.default
 
 
 def warming() -> bool:
     """Whether the default executor's background warm-up was started."""
-    with _lock:
-        return _warming is not None
+    with STATE.lock:
+        return STATE.warming is not None
