@@ -362,7 +362,7 @@ def test_every_job_runs_with_the_triton_variables_the_autotune_has_when_it_sends
 
 @pytest.mark.timeout(240)
 def test_a_worker_whose_job_was_cut_short_is_not_kept(
-    tmp_path: Path, executor: PrecompileExecutor
+    tmp_path: Path, executor: PrecompileExecutor, sigint_raises: None
 ) -> None:
     """Ctrl-C while the provider waits for a job leaves that job's answer on its way down the
     pipe: such a worker would hand it to the next autotune's first job, so it is not kept."""
