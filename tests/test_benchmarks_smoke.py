@@ -132,6 +132,7 @@ def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]
 
 
+@pytest.mark.slow  # a benchmark run; the cow probe stays in the default run
 @pytest.mark.timeout(300)
 def test_fork_cold_probe_writes_a_row_per_mode() -> None:
     done = subprocess.run(

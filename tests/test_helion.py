@@ -367,6 +367,7 @@ def test_install_before_helion_is_imported_warms_from_the_environment_first() ->
     assert report["workers"] == [[True, "3"]]
 
 
+@pytest.mark.slow  # a fresh interpreter; the default run has the spawn-mode sibling
 @pytest.mark.timeout(240)
 def test_install_before_helion_in_fork_mode_builds_nothing_early() -> None:
     report = _before_helion("install", HELION_AUTOTUNE_PRECOMPILE_JOBS="2")
@@ -375,6 +376,7 @@ def test_install_before_helion_in_fork_mode_builds_nothing_early() -> None:
     assert report["max_workers"] == 2
 
 
+@pytest.mark.slow  # a fresh interpreter; refusals are in the default run in-process
 @pytest.mark.timeout(240)
 def test_install_before_helion_that_is_refused_leaves_nothing_built() -> None:
     """The executor built before the check is shut down when the check refuses: no process
@@ -1025,6 +1027,7 @@ def test_helions_benchmark_worker_starts_with_the_provider_and_warms_up(
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow  # two cold torch imports
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a warm-up that fails: no CUDA")
 def test_a_benchmark_worker_that_cannot_warm_up_is_replaced_by_a_fresh_one() -> None:
@@ -1090,7 +1093,10 @@ def _pid_printed_before_its_sigkill(argv: list[str], env: dict[str, str] | None 
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("after", [0.5, 8.0], ids=["warming", "warm"])
+# killed after it warmed up: a longer wait for the same cleanup, so a slow variant only
+@pytest.mark.parametrize(
+    "after", [0.5, pytest.param(8.0, marks=pytest.mark.slow)], ids=["warming", "warm"]
+)
 def test_a_sigkill_of_the_autotuning_process_leaves_no_benchmark_worker(
     after: float, tmp_path: Path
 ) -> None:
