@@ -128,6 +128,24 @@ def no_leaked_processes() -> Iterator[None]:
         pytest.fail("processes leaked by this test:\n" + "\n".join(details))
 
 
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` in this process for the test, then the old handler.
+
+    A test that interrupts the suite's own process (a timer thread's ``os.kill(os.getpid(),
+    SIGINT)``, ``_thread.interrupt_main()``) needs Python's handler, which Python does not
+    install when it starts with SIGINT ignored — as it does under ``pytest &``, ``nohup`` and
+    some CI runners (https://docs.python.org/3/library/signal.html#note-on-signal-handlers-and-exceptions).
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 NODE_THREADS = 2
 """Threads per dask worker in the test cluster: each node runs 2 tasks at once."""
 

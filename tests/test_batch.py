@@ -97,8 +97,18 @@ def test_wait_for_all_timeout_cancels_and_kills() -> None:
         assert executor.submit(crashers.square, 4).result(timeout=60) == 16
 
 
+# A child inherits an ignored SIGINT (a suite started with ``pytest &`` or ``nohup``), and Python
+# then installs no KeyboardInterrupt handler: the script puts Python's own handler back, so the
+# SIGINT the Ctrl-C tests send raises KeyboardInterrupt there whatever this process ignores.
+_SIGINT_RAISES = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def _script(body: str, tmp_path: Path) -> subprocess.Popen[str]:
-    code = f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + textwrap.dedent(body)
+    code = (
+        _SIGINT_RAISES
+        + f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
+        + textwrap.dedent(body)
+    )
     script = tmp_path / "parent.py"
     script.write_text(code)
     return subprocess.Popen(

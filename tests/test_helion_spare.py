@@ -90,6 +90,7 @@ def test_the_provider_takes_the_spare_started_before_it(
     _assert_gone(pid, timeout_s=30)
 
 
+@pytest.mark.slow  # two cold workers; the default run has the taken spare
 @pytest.mark.timeout(240)
 def test_a_spare_for_another_device_is_discarded_and_the_provider_starts_its_own(
     tmp_path: Path, executor: PrecompileExecutor
@@ -218,6 +219,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a whole program in a fresh interpreter
 @pytest.mark.timeout(300)
 def test_install_at_the_top_starts_the_benchmark_worker_beside_the_programs_imports(
     tmp_path: Path,
@@ -347,6 +349,7 @@ def test_a_process_still_bootstrapping_starts_no_spare(monkeypatch: pytest.Monke
     assert {p.pid for p in psutil.Process().children()} <= before
 
 
+@pytest.mark.slow  # two autotunes in a row; the dead and cut-short cases stay in the default run
 @pytest.mark.timeout(300)
 def test_a_worker_whose_autotune_ended_serves_the_next_autotune_with_its_caches_released(
     tmp_path: Path, executor: PrecompileExecutor
@@ -438,7 +441,7 @@ def test_every_job_runs_with_the_triton_variables_the_autotune_has_when_it_sends
 
 @pytest.mark.timeout(240)
 def test_a_worker_whose_job_was_cut_short_is_not_kept(
-    tmp_path: Path, executor: PrecompileExecutor
+    tmp_path: Path, executor: PrecompileExecutor, sigint_raises: None
 ) -> None:
     """Ctrl-C while the provider waits for a job leaves that job's answer on its way down the
     pipe: such a worker would hand it to the next autotune's first job, so it is not kept."""

@@ -336,10 +336,12 @@ def test_after_idle_workers_die_no_task_and_no_worker_is_stuck() -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["shutdown(cancel_futures=True)", "interrupt()"])
-def test_shutdown_and_interrupt_resolve_requeued_tasks(how: str) -> None:
+# Each round starts two workers; the slow run repeats the race five times as often.
+@pytest.mark.parametrize("rounds", [8, pytest.param(40, marks=pytest.mark.slow)])
+def test_shutdown_and_interrupt_resolve_requeued_tasks(how: str, rounds: int) -> None:
     stop_idle_workers()
     rng = random.Random(1105)
-    for round_ in range(40):
+    for round_ in range(rounds):
         # Even rounds: SIGKILL both idle workers and let them die. Odd rounds: a short idle
         # timeout expires as the tasks arrive. Either way a task may be sent to a dead worker
         # and go back to the queue just before shutdown/interrupt empties it.
