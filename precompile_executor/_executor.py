@@ -376,6 +376,8 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
         Raises:
             WorkerStartError: a worker could not start (its initializer raised, say).
             TimeoutError: not all workers were ready within ``timeout`` seconds.
+            RuntimeError: the executor is shut down, or was shut down (``shutdown()``,
+                ``terminate_workers()``) before all workers were ready.
         """
         self._check_view_open()
         return self._backend.warm_up(timeout)

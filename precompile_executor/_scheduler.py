@@ -490,9 +490,11 @@ class Scheduler:
 
     def _stop_taking(self) -> None:
         """Take no new tasks (lock held); an open ``batch()`` must not keep
-        ``shutdown(wait=True)`` waiting, so the hold goes too."""
+        ``shutdown(wait=True)`` waiting, so the hold goes too; a ``warm_up()`` waiting for
+        workers stops waiting."""
         self.shutdown = True
         self.held = 0
+        self.changed.notify_all()
 
     def hold(self) -> None:
         """A ``batch()`` block begins: dispatch nothing until it ends."""
@@ -547,6 +549,8 @@ class Scheduler:
             while True:
                 if self.broken is not None:
                     raise self.broken
+                if self.shutdown:  # no task can use them now; stop_workers stops them too
+                    raise RuntimeError(AFTER_SHUTDOWN)
                 if self.staff.ready():
                     return sorted(w.pid for w in self.staff.spawn_workers())
                 left = None if end is None else end - time.monotonic()

@@ -223,6 +223,33 @@ def test_shutdown_cancel_futures_cancels_exactly_the_unstarted(make: Make) -> No
         executor.submit(crashers.square, 1)
 
 
+@pytest.mark.parametrize("stop", ["shutdown", "terminate_workers"])
+def test_a_warm_up_waiting_for_workers_ends_when_the_executor_is_shut_down(stop: str) -> None:
+    """A background ``warm_up()`` must not outlive its executor: once it is shut down no task
+    can use the workers, and its starting workers are stopped."""
+    executor = PrecompileExecutor(1, initializer=time.sleep, initargs=(20,))
+    outcome: list[BaseException | list[int]] = []
+
+    def warm() -> None:
+        try:
+            outcome.append(executor.warm_up())  # no timeout: only the shutdown can end it
+        except BaseException as error:  # noqa: BLE001 - the test inspects it
+            outcome.append(error)
+
+    thread = threading.Thread(target=warm, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # waiting for its worker's initializer by now
+    if stop == "shutdown":
+        executor.shutdown(wait=False)
+    else:
+        executor.terminate_workers()
+    thread.join(10)
+    assert not thread.is_alive(), "warm_up() still waits after the executor was shut down"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
+    assert "after shutdown" in str(outcome[0])
+    executor.terminate_workers()
+
+
 def test_shutdown_without_wait_still_runs_queued_tasks(make: Make) -> None:
     executor = make(1)
     futures = [executor.submit(crashers.square, i, 0.1) for i in range(3)]

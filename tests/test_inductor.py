@@ -94,7 +94,7 @@ def fresh_inductor(tmp_path: Path) -> Iterator[None]:
         with fresh_inductor_cache(dir=str(tmp_path)):
             yield
     finally:
-        _seam.SCOPE.reset()
+        inductor.state.reset()
         torch._dynamo.reset()
 
 
@@ -153,6 +153,29 @@ def test_inductors_pool_is_the_executor_of_the_innermost_block_then_the_newest(
         finally:
             inductor.uninstall()
     assert not inductor.installed()
+
+
+def test_state_reset_closes_every_holder_stops_the_default_and_counts_from_zero() -> None:
+    originals = _inductor_originals()
+    block = inductor.use()
+    block.__enter__()  # left open on purpose: reset() closes it
+    inductor.install()
+    _compile_and_check(Scaled(2.0))
+    state = inductor.state
+    default, warming = state.default, state.warming
+    assert default is not None and warming is not None
+    assert inductor.statistics().total > 0
+
+    state.reset()
+
+    assert not inductor.installed() and _inductor_originals() == originals
+    assert state.default is None and state.warming is None and state.saved == []
+    assert not warming.is_alive()
+    assert inductor.statistics() == inductor.InductorStatistics()
+    with pytest.raises(RuntimeError):
+        default.submit(int)  # shut down
+    block.__exit__(None, None, None)  # the owner's late exit does nothing
+    assert not inductor.installed() and _inductor_originals() == originals
 
 
 def test_install_sends_every_threads_compiles_until_uninstall(

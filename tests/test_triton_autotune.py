@@ -39,6 +39,7 @@ from precompile_executor import (  # noqa: E402
     WorkerCrashedError,
     stop_idle_workers,
 )
+from precompile_executor import triton as pe_triton  # noqa: E402
 from precompile_executor.examples import autotune_kernels  # noqa: E402
 from precompile_executor.triton import (  # noqa: E402
     UnsupportedTritonError,
@@ -161,6 +162,14 @@ class CompileLog:
 def _release_workers() -> Iterator[None]:
     yield
     stop_idle_workers()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> Iterator[None]:
+    """Each test starts with no block, no installation and no default executor, and leaves none
+    (a test that failed inside a block included)."""
+    yield
+    pe_triton.state.reset()
 
 
 @pytest.fixture(autouse=True)
@@ -318,6 +327,30 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
         pe_autotune.uninstall()
     assert current() == stock and not pe_autotune.installed()
     pe_autotune.uninstall()  # not installed: nothing to do
+
+
+@pytest.mark.timeout(120)
+def test_state_reset_closes_every_holder_stops_the_default_and_forgets_it() -> None:
+    stock = dict(vars(Autotuner))
+    block = pe_autotune.use()
+    block.__enter__()  # left open on purpose: reset() closes it
+    pe_autotune.install()
+    state = pe_triton.state
+    default, warming = state.default, state.warming
+    assert isinstance(default, PrecompileExecutor) and warming is not None
+    with state.lock:
+        state.announced.setdefault(default, set()).add("some_kernels")
+    assert dict(vars(Autotuner)) != stock
+
+    state.reset()
+
+    assert not pe_autotune.installed() and dict(vars(Autotuner)) == stock
+    assert state.default is None and state.warming is None and len(state.announced) == 0
+    assert not warming.is_alive()
+    with pytest.raises(RuntimeError):
+        default.submit(int)  # shut down
+    block.__exit__(None, None, None)  # the owner's late exit does nothing
+    assert not pe_autotune.installed() and dict(vars(Autotuner)) == stock
 
 
 @pytest.mark.timeout(30)
@@ -753,7 +786,7 @@ def test_a_tune_running_when_the_last_block_closes_finishes_with_tritons_methods
     with pe_autotune.use(executor):
         thread.start()
         assert inside.wait(120)
-    assert vars(Autotuner)["_bench"] is _tune.ORIGINALS["_bench"]  # restored meanwhile
+    assert vars(Autotuner)["_bench"] is pe_triton.state.originals["_bench"]  # restored meanwhile
     closed.set()
     thread.join(120)
     assert not thread.is_alive() and errors == []
@@ -998,12 +1031,12 @@ def test_use_without_an_executor_starts_the_warm_default_at_once_and_tunes_throu
 ) -> None:
     import os
 
-    from precompile_executor.triton import _submit
     from precompile_executor.triton._prewarm import WORKER_NICENESS
 
     kernel, bench = _double_kernel(gpu, DOUBLE_CONFIGS)
     with pe_autotune.use():
-        default = _submit.default_executor()
+        default = pe_triton.state.default
+        assert default is not None
         warming = [t for t in threading.enumerate() if t.name.endswith("triton-warm-up")]
         before = default.statistics()
         kernel[GRID](*_double_args())
@@ -1030,12 +1063,13 @@ pe_autotune.install()  # a library that opens the integration when imported
 def state():
     import psutil
 
-    from precompile_executor.triton import _submit, _worker
+    from precompile_executor import triton
+    from precompile_executor.triton import _worker
 
     return (
         _worker.in_compile_worker,
         pe_autotune.installed(),
-        _submit._default is None,
+        triton.state.default is None,
         len(psutil.Process().children(recursive=True)),
     )
 """

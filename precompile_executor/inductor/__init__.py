@@ -26,6 +26,10 @@ every name they replace, and refuse anything else with :class:`UnsupportedTorchE
 nothing. See ``docs/inductor.md``.
 
 Importing this module imports neither torch nor Inductor; :func:`use` does.
+
+``state`` is the integration's process-wide state in one object (``_state.InductorState``): its
+``reset()`` (for tests) closes every block and the installation, stops the default executor and
+forgets it, and counts from zero again.
 """
 
 from ._compiles import InductorStatistics
@@ -40,6 +44,7 @@ from ._seam import (
     uninstall,
     use,
 )
+from ._state import STATE as state
 from ._worker import import_inductor
 
 __all__ = [
@@ -50,6 +55,7 @@ __all__ = [
     "import_inductor",
     "install",
     "installed",
+    "state",
     "statistics",
     "torch_version",
     "uninstall",

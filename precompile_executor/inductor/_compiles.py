@@ -57,7 +57,8 @@ FAULTS: Final = (WorkerCrashedError, TaskTimeoutError, TaskMemoryError)
 
 @dataclasses.dataclass(frozen=True)
 class InductorStatistics:
-    """How many of Inductor's compiles ran on an executor, in this process, since it started.
+    """How many of Inductor's compiles ran on an executor, in this process, since it started
+    (or since ``precompile_executor.inductor.state.reset()``).
 
     Attributes:
         cpp: C++ kernel builds (``AsyncCompile.cpp`` / ``cpp_pybinding``).
@@ -102,8 +103,15 @@ class Counts:
         with self._lock:
             return InductorStatistics(**self._sent, failed=self._failed)
 
+    def reset(self) -> None:
+        """Count from zero again (``state.reset()``)."""
+        with self._lock:
+            self._sent = dict.fromkeys(KINDS, 0)
+            self._failed = 0
+
 
 COUNTS: Final = Counts()
+"""The process's counts; ``_state.InductorState.counts`` holds this object."""
 
 _in_template_precompile: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "precompile_executor_inductor_template", default=False

@@ -8,7 +8,10 @@ it is asked for, so the template's ``import torch`` and Inductor's imports run w
 traces its model; a compile submitted before the warm-up ends starts on whichever worker is
 ready.
 
-Threads: builders run on any thread under ``_lock``; the warm-up thread only calls
+The executor and its warm-up thread are kept in ``_state.STATE`` (``state.reset()`` stops and
+forgets them).
+
+Threads: builders run on any thread under the state's lock; the warm-up thread only calls
 ``warm_up()`` and logs its failure (the compiles then pay the start, or fail with the
 executor's error).
 """
@@ -19,6 +22,7 @@ import logging
 import threading
 
 from .. import PrecompileExecutor
+from ._state import STATE
 from ._worker import import_inductor
 
 log = logging.getLogger("precompile_executor.inductor")
@@ -27,29 +31,24 @@ WARM_UP_TIMEOUT_S = 300.0
 """How long the background warm-up waits for every worker (a template imports torch: seconds
 on an idle machine, a minute on a loaded 2-core one)."""
 
-_lock = threading.Lock()
-_default: PrecompileExecutor | None = None
-_warming: threading.Thread | None = None
-
 
 def default_executor() -> PrecompileExecutor:
     """The process's executor for Inductor's compiles, built (and its warm-up started) once."""
-    global _default, _warming
-    with _lock:
-        if _default is None:
+    with STATE.lock:
+        if STATE.default is None:
             from torch._inductor.async_compile import get_compile_threads
 
-            _default = PrecompileExecutor(
+            STATE.default = PrecompileExecutor(
                 max(1, get_compile_threads()), initializer=import_inductor
             )
-            _warming = threading.Thread(
+            STATE.warming = threading.Thread(
                 target=_warm_up,
-                args=(_default,),
+                args=(STATE.default,),
                 name="precompile-executor-inductor-warm-up",
                 daemon=True,
             )
-            _warming.start()
-        return _default
+            STATE.warming.start()
+        return STATE.default
 
 
 def _warm_up(executor: PrecompileExecutor) -> None:

@@ -15,8 +15,11 @@ What replaces them is ``_compiles.Routes``. :func:`check_torch` pins the release
 checks every signature and name this relies on, and refuses anything else with
 :class:`UnsupportedTorchError` before anything is patched.
 
-Threads: the scope (``_scope.Scope``) patches and restores under its lock; the replacements
-consult it on whichever thread compiles.
+The scope (``_scope.Scope``), what the patch replaced and the default executor live in
+``_state.STATE`` (``precompile_executor.inductor.state``).
+
+Threads: the scope patches and restores under its lock; the replacements consult it on whichever
+thread compiles.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._scope import OFF, Scope
+from .._scope import OFF
 from . import _compiles, _default
+from ._state import STATE
 
 SUPPORTED_TORCH_SERIES = ("2.11", "2.13")
 """torch release series whose Inductor this module was written against and tested with."""
@@ -181,12 +185,9 @@ def _seam_problems() -> list[str]:
 
 # -- patching ----------------------------------------------------------------------------------
 
-_saved: list[tuple[type, str, Any]] = []
-"""(class, attribute, what was in its ``__dict__``) for every attribute patched."""
-
 
 def _executor_now() -> Executor | None:
-    executor = SCOPE.current()
+    executor = STATE.scope.current()
     if executor is OFF:
         return None
     if executor is None:
@@ -235,20 +236,17 @@ def _patch() -> None:
         (AlgorithmSelectorCache, "make_precompile_fn", make_precompile_fn),
         (CppBenchmarkRequest, "precompile", precompile),
     ):
-        _saved.append((owner, name, owner.__dict__[name]))
+        STATE.saved.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, new)
 
 
 def _restore() -> None:
-    while _saved:
-        owner, name, original = _saved.pop()
+    while STATE.saved:
+        owner, name, original = STATE.saved.pop()
         setattr(owner, name, original)
 
 
-SCOPE = Scope("inductor", activate=_patch, deactivate=_restore)
-"""Which executor Inductor's compiles use, by the rule of every integration (``_scope.py``).
-``SCOPE.reset()`` closes every block and the installation and puts Inductor's methods back
-(for tests)."""
+STATE.connect(_patch, _restore)
 
 
 # -- the public forms ---------------------------------------------------------------------------
@@ -286,11 +284,11 @@ def use(executor: Executor | None = None) -> Iterator[Executor]:
         UnsupportedTorchError: the installed torch is not 2.11 or 2.13, or its Inductor differs;
             nothing was patched.
     """
-    block = SCOPE.enter(_checked(executor))
+    block = STATE.scope.enter(_checked(executor))
     try:
         yield _default.default_executor() if executor is None else executor
     finally:
-        SCOPE.exit(block)
+        STATE.scope.exit(block)
 
 
 def install(executor: Executor | None = None) -> None:
@@ -304,7 +302,7 @@ def install(executor: Executor | None = None) -> None:
     Raises:
         UnsupportedTorchError: see :func:`use`; nothing was patched.
     """
-    SCOPE.install(_checked(executor))
+    STATE.scope.install(_checked(executor))
     if executor is None:
         _default.default_executor()  # start its warm-up now
 
@@ -312,14 +310,14 @@ def install(executor: Executor | None = None) -> None:
 def uninstall() -> None:
     """Undo :func:`install` (a no-op if not installed); compiles outside ``use()`` blocks are
     Inductor's own again."""
-    SCOPE.uninstall()
+    STATE.scope.uninstall()
 
 
 def installed() -> bool:
     """Return whether a compile starting now, on this thread, would run on an executor."""
-    return SCOPE.current() is not OFF
+    return STATE.scope.current() is not OFF
 
 
 def statistics() -> _compiles.InductorStatistics:
     """How many of Inductor's compiles ran on an executor in this process, per kind."""
-    return _compiles.COUNTS.snapshot()
+    return STATE.counts.snapshot()

@@ -16,6 +16,9 @@ Importing this package imports Triton (``import precompile_executor`` does not).
   ``warm`` and ``AsyncCompileMode`` use it, and history beside the Triton cache, already.
 * :func:`compile_only_driver` — lets Triton's JIT (``kernel.warmup``) specialise and compile for an
   explicit target on a machine without a GPU.
+* ``state`` — the integration's process-wide state in one object (``_state.TritonState``): the
+  ``autotune.use()`` blocks and installation, the default executor and its warm-up thread, the
+  modules announced to workers; its ``reset()`` (for tests) closes, stops and forgets all of it.
 
 Data flow (one compile)::
 
@@ -36,6 +39,7 @@ from ._errors import CacheKeyMismatchError, KernelTransferError, UnsupportedTrit
 from ._kernel_ref import KernelRef, kernel_ref, load_kernel, unwrap_jit_function
 from ._messages import CompiledArtifacts, CompileRequest
 from ._prewarm import prewarm
+from ._state import STATE as state
 from ._submit import CompileJob, precompile
 from ._target import format_target, parse_target
 from ._warm import (
@@ -82,6 +86,7 @@ __all__ = [
     "parse_target",
     "prewarm",
     "precompile",
+    "state",
     "triton_prior_s",
     "unwrap_jit_function",
     "warm",

@@ -19,14 +19,15 @@ this module touches:
 :func:`check_triton` pins the versions and checks every signature and private name this relies on,
 and refuses anything else with :class:`~._errors.UnsupportedTritonError` before patching anything.
 
-Scope: one :class:`~precompile_executor._scope.Scope` (:data:`SCOPE`) holds the open ``use()``
-blocks and the installation, with the rule every integration follows: while a block is open, an
-autotune started on *any* thread goes through it (autograd's backward threads, pool threads,
-threads started before the block); an inner ``use(ex)`` wins for what runs in its own context;
-else the newest open block; else ``install()``'s executor; else stock. The scope activates the
-seam (check Triton, patch) when its first holder arrives and restores Triton's methods when the
-last leaves; Triton's originals are kept in one place (``_autotune_tune.ORIGINALS``) and never
-dropped, so a tune still running on another thread when the last block closes finishes with them.
+Scope: one :class:`~precompile_executor._scope.Scope` (``_state.STATE.scope``) holds the open
+``use()`` blocks and the installation, with the rule every integration follows: while a block is
+open, an autotune started on *any* thread goes through it (autograd's backward threads, pool
+threads, threads started before the block); an inner ``use(ex)`` wins for what runs in its own
+context; else the newest open block; else ``install()``'s executor; else stock. The scope
+activates the seam (check Triton, patch) when its first holder arrives and restores Triton's
+methods when the last leaves; Triton's originals are kept in one place
+(``_state.STATE.originals``) and never dropped, so a tune still running on another thread when
+the last block closes finishes with them.
 
 Threads: a tune runs entirely on the thread that launched the kernel. Two threads meeting the
 same autotuner on a tuning key it has not seen do not both tune: one tunes and the other waits
@@ -45,9 +46,10 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._scope import OFF, Scope
+from .._scope import OFF
 from . import _autotune_tune as _tune
 from ._errors import UnsupportedTritonError
+from ._state import STATE
 from ._submit import start_default_warm_up
 
 SUPPORTED_TRITON_SERIES = ("3.6", "3.9")
@@ -167,7 +169,7 @@ def _seam_problems() -> list[str]:
 def installed() -> bool:
     """Return whether an autotune starting now, on this thread, compiles its configs in workers
     (a ``use()`` block is open on some thread, or ``install()`` was called)."""
-    return SCOPE.current() is not OFF
+    return STATE.scope.current() is not OFF
 
 
 def _activate() -> None:
@@ -178,7 +180,7 @@ def _activate() -> None:
     for name, patched in _patches().items():
         current = Autotuner.__dict__[name]
         if current is not patched:  # kept across deactivations: see the module docstring
-            _tune.ORIGINALS[name] = current
+            STATE.originals[name] = current
         setattr(Autotuner, name, patched)
 
 
@@ -195,20 +197,18 @@ def _deactivate() -> None:
     from triton.runtime.autotuner import Autotuner
 
     for name in _patches():
-        setattr(Autotuner, name, _tune.ORIGINALS[name])
+        setattr(Autotuner, name, STATE.originals[name])
 
 
-SCOPE = Scope("triton_autotune", activate=_activate, deactivate=_deactivate)
-"""The open ``use()`` blocks and the installation (``precompile_executor._scope``); tests close
-everything with ``SCOPE.reset()``."""
+STATE.connect(_activate, _deactivate)
 
 
 def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``Autotuner.run``: stock when no block is open and nothing is installed, else tuned in
     the scope's current executor (``_autotune_tune.run``)."""
-    executor = SCOPE.current()
+    executor = STATE.scope.current()
     if executor is OFF:
-        return _tune.ORIGINALS["run"](self, *args, **kwargs)
+        return STATE.originals["run"](self, *args, **kwargs)
     return _tune.run(self, executor, args, kwargs)
 
 
@@ -236,13 +236,13 @@ def use(executor: Executor | None = None) -> Iterator[None]:
         UnsupportedTritonError: the installed Triton is not 3.6 or 3.9 or its autotuner differs;
             nothing was patched.
     """
-    block = SCOPE.enter(executor)
+    block = STATE.scope.enter(executor)
     try:
         if executor is None:
             start_default_warm_up()
         yield
     finally:
-        SCOPE.exit(block)
+        STATE.scope.exit(block)
 
 
 def install(executor: Executor | None = None) -> None:
@@ -260,14 +260,14 @@ def install(executor: Executor | None = None) -> None:
     Raises:
         UnsupportedTritonError: see :func:`use`; nothing was patched.
     """
-    previous = SCOPE.install(executor)
+    previous = STATE.scope.install(executor)
     if executor is None:
         try:
             start_default_warm_up()
         except BaseException:
-            SCOPE.uninstall()  # leave nothing installed: the caller sees why
+            STATE.scope.uninstall()  # leave nothing installed: the caller sees why
             if previous is not None:
-                SCOPE.install(previous.executor)
+                STATE.scope.install(previous.executor)
             raise
 
 
@@ -276,4 +276,4 @@ def uninstall() -> None:
 
     Does nothing if not installed.
     """
-    SCOPE.uninstall()
+    STATE.scope.uninstall()

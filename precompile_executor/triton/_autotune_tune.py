@@ -60,13 +60,11 @@ from ._costs import block_sizes
 from ._errors import KernelTransferError
 from ._kernel_ref import unwrap_jit_function
 from ._preimport import announce, module_of
+from ._state import STATE
 from ._submit import default_executor
 from ._warm import ConfigCompile, compile_configs, holding_batch
 
 logger = logging.getLogger("precompile_executor.triton.autotune")
-
-ORIGINALS: dict[str, Any] = {}
-"""Triton's ``run``, ``prune_configs`` and ``_bench``, filled in by the seam when it patches."""
 
 INF_TIMING = [float("inf")] * 3
 """What Triton's ``_bench`` returns for a config that cannot run (one value per quantile)."""
@@ -121,7 +119,7 @@ def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, An
         args: the launch's positional arguments.
         kwargs: its keyword arguments (``grid``, ``warmup`` included).
     """
-    original = ORIGINALS["run"]
+    original = STATE.originals["run"]
     if _async_compile.active_mode.get() is not None:
         # Inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
         return original(autotuner, *args, **kwargs)
@@ -140,7 +138,7 @@ def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, An
 
 def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
     """``Autotuner.prune_configs``; hands the pruned list to this call's tune."""
-    pruned = ORIGINALS["prune_configs"](self, kwargs)
+    pruned = STATE.originals["prune_configs"](self, kwargs)
     tune = _tune_of(self)
     if tune is not None and tune.configs is None:
         tune.configs = list(pruned)
@@ -149,7 +147,7 @@ def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
 
 def patched_bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
     """``Autotuner._bench``; the configs of a tune are timed as their compiles land."""
-    original = ORIGINALS["_bench"]
+    original = STATE.originals["_bench"]
     tune = _tune_of(self)
     if tune is None or not tune.covers(config):
         return original(self, *args, config=config, **meta)

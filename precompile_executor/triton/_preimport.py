@@ -17,7 +17,7 @@ they import (``_kernel_ref.imports_that_launch``; their kernels travel by source
 importing right now.
 
 Threads: :func:`announce` runs on any thread; the announced names live in one set per executor
-under ``_lock``.
+(``_state.TritonState.announced``) under the state's lock; ``state.reset()`` forgets them.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-import weakref
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import Any
 
 from ._kernel_ref import initializing_modules, launches_at_import, unwrap_jit_function
+from ._state import STATE
 from ._worker import import_modules
 
 PREIMPORT_PRIORITY = 1e9
@@ -42,9 +41,6 @@ PREIMPORTS = True
 
 _SKIPPED_PACKAGES = ("torch", "triton", "precompile_executor")
 """Imported in every worker's template already, or not a kernel library."""
-
-_lock = threading.Lock()
-_announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
 
 log = logging.getLogger("precompile_executor.triton.autotune")
 
@@ -73,9 +69,9 @@ def announce(executor: Executor, modules: Iterable[str | None]) -> None:
         wanted.append(name)
     if not wanted:
         return
-    with _lock:
+    with STATE.lock:
         try:
-            seen = _announced.setdefault(executor, set())
+            seen = STATE.announced.setdefault(executor, set())
         except TypeError:  # an executor that cannot be weakly referenced: do not track it
             return
         new = tuple(sorted(set(wanted) - seen))

@@ -41,6 +41,7 @@ from ._classify import classify
 from ._kernel_ref import kernel_ref, unwrap_jit_function
 from ._messages import CompiledArtifacts, CompileRequest, encode_constexprs
 from ._prewarm import caller_warming
+from ._state import STATE
 from ._target import parse_target
 from ._worker import compile_request
 
@@ -249,11 +250,6 @@ def precompile(
     )
 
 
-_default_lock = threading.Lock()
-_default: Executor | None = None
-_warming: threading.Thread | None = None
-
-
 def default_executor() -> Executor:
     """Return the process-wide :class:`~precompile_executor.PrecompileExecutor` used when no
     executor is given, creating it on first use (its idle workers exit on their own).
@@ -262,20 +258,19 @@ def default_executor() -> Executor:
     ``import torch, triton``, one tiny compile for this process's GPU target (``"cuda:90"``
     while it has no CUDA context), a lower CPU priority — and every worker is forked from there.
     """
-    global _default
-    with _default_lock:
-        if _default is None:
+    with STATE.lock:
+        if STATE.default is None:
             from precompile_executor import PrecompileExecutor
 
             from ._prewarm import WORKER_NICENESS, prewarm_worker
             from ._target import caller_target
 
-            _default = PrecompileExecutor(
+            STATE.default = PrecompileExecutor(
                 classify=classify,
                 initializer=prewarm_worker,
                 initargs=(caller_target(), WORKER_NICENESS),
             )
-        return _default
+        return STATE.default
 
 
 def start_default_warm_up() -> None:
@@ -287,20 +282,19 @@ def start_default_warm_up() -> None:
     configs no worker is ready for. Does nothing in a compile worker
     (``_worker.in_compile_worker``).
     """
-    global _warming
     if _worker.in_compile_worker:
         return  # a library opened use()/install() while a worker imported it: no pool here
     executor = default_executor()
-    with _default_lock:
-        if _warming is not None:
+    with STATE.lock:
+        if STATE.warming is not None:
             return
-        _warming = threading.Thread(
+        STATE.warming = threading.Thread(
             target=_warm_up,
             args=(executor,),
             name="precompile-executor-triton-warm-up",
             daemon=True,
         )
-        _warming.start()
+        STATE.warming.start()
 
 
 def _warm_up(executor: Executor) -> None:
@@ -312,6 +306,10 @@ def _warm_up(executor: Executor) -> None:
         try:
             warm_up()
         except Exception:  # noqa: BLE001 - tasks start workers on demand anyway
+            with STATE.lock:
+                discarded = executor is not STATE.default
+            if discarded:  # state.reset() stopped it: its warm-up ends in an error by design
+                return
             log.warning(
                 "starting the default executor's workers in the background failed (they start "
                 "on demand)",

@@ -1,0 +1,124 @@
+"""Everything the Triton integration keeps for the whole process, in one object: :data:`STATE`.
+
+* **Which executor** ``@triton.autotune`` uses — :attr:`TritonState.scope`, a
+  :class:`~precompile_executor._scope.Scope` holding the open ``autotune.use()`` blocks and the
+  ``autotune.install()`` installation, under the scope rule (``docs/triton.md``, "Which autotunes
+  a block covers"). The seam (:mod:`._autotune_seam`, above this module) connects its patch and
+  its restore (:meth:`TritonState.connect`): Triton's ``Autotuner`` methods are replaced when the
+  first holder arrives and put back when the last leaves; the replaced originals stay in
+  :attr:`TritonState.originals`, never dropped, so a tune still running on another thread when
+  the last block closes finishes with them.
+* **The default executor** (:mod:`._submit`): the executor ``precompile()``, ``warm()``,
+  ``async_compile_executor()`` and ``autotune.use()``/``install()`` build when given none, and
+  its background warm-up thread.
+* **What was announced** (:mod:`._preimport`): the kernel modules each executor's workers were
+  asked to import ahead of their configs.
+
+The A/B switches ``_autotune_tune.STEALS``, ``_autotune_tune.CONFIRM_MARGIN`` and
+``_preimport.PREIMPORTS`` are settings, not state: they stay module constants beside the code
+they steer, and :meth:`TritonState.reset` leaves them as they are. Caches that only memoise
+(``_kernel_ref``'s kernel references and loaded kernels, ``_autotune_tune``'s per-autotuner
+locks, weakly keyed) hold nothing a test could observe and are not reset either.
+
+:meth:`TritonState.reset` is the documented way (for tests) to put all of it back as if the
+integration had never been used.
+
+Lock order: the scope's lock, then :attr:`TritonState.lock`; nothing that holds ``lock`` asks
+the scope.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from .._scope import OFF, Scope
+
+RESET_JOIN_S = 30.0
+"""Longest :meth:`TritonState.reset` waits for the default executor's warm-up thread (it ends
+once its executor is stopped: its ``warm_up()`` fails, its module scan is one pass over
+``sys.modules``)."""
+
+
+class TritonState:
+    """The integration's process-wide state (see the module docstring); one instance,
+    :data:`STATE`, exported as ``precompile_executor.triton.state``.
+
+    Attributes:
+        scope: the open ``autotune.use()`` blocks and the installation; ``None`` as a block's
+            executor means the default executor.
+        originals: Triton's ``Autotuner.run``, ``prune_configs`` and ``_bench`` as found before
+            the seam replaced them (empty: never patched); kept after they are put back.
+        lock: guards :attr:`default`, :attr:`warming` and :attr:`announced` (never held while
+            asking the scope).
+        default: the default executor, once built (a ``PrecompileExecutor``).
+        warming: the default executor's background warm-up thread, once started.
+        announced: per executor (weakly), the kernel modules its workers were asked to import.
+    """
+
+    def __init__(self) -> None:
+        self.scope = Scope("triton_autotune", activate=self._activate, deactivate=self._deactivate)
+        self._patch: Callable[[], None] | None = None
+        self._restore: Callable[[], None] | None = None
+        self.originals: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        self.default: Executor | None = None
+        self.warming: threading.Thread | None = None
+        self.announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
+
+    def connect(self, patch: Callable[[], None], restore: Callable[[], None]) -> None:
+        """Called once by the seam at its import: how to patch Triton and put it back."""
+        self._patch, self._restore = patch, restore
+
+    def _activate(self) -> None:
+        assert self._patch is not None, "precompile_executor.triton._autotune_seam is not imported"
+        self._patch()
+
+    def _deactivate(self) -> None:
+        if self._restore is not None:
+            self._restore()
+
+    def executor(self) -> Any:
+        """The scope's executor for an autotune starting now in this context: an executor,
+        ``None`` (the default executor) or :data:`~precompile_executor._scope.OFF`."""
+        return self.scope.current()
+
+    def reset(self) -> None:
+        """Put the process back as if the integration had never been used (for tests).
+
+        In this order, it:
+
+        1. closes every ``autotune.use()`` block and the installation (their owners' later
+           exits do nothing) and puts Triton's ``Autotuner`` methods back;
+        2. stops the default executor, if one was built: ``terminate_workers()`` shuts it down,
+           cancels its queued compiles and stops its workers (a running compile gets SIGTERM,
+           then SIGKILL after a grace) and its warm template, so none is left warm in the
+           process's pool; then ``shutdown(wait=True)``, which that stop has made short;
+        3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
+           thread, which that stop ends;
+        4. forgets the default executor, its warm-up thread and every announced module: the
+           next ``precompile()`` or ``autotune.use()`` builds a new executor and announces
+           again. :attr:`originals` and the settings (``STEALS``, ``CONFIRM_MARGIN``,
+           ``PREIMPORTS``) are left as they are.
+        """
+        self.scope.reset()
+        with self.lock:
+            default, warming = self.default, self.warming
+            self.default = self.warming = None
+            self.announced = weakref.WeakKeyDictionary()
+        if default is not None:
+            terminate = getattr(default, "terminate_workers", None)
+            if callable(terminate):
+                terminate()
+            default.shutdown(wait=True, cancel_futures=True)
+        if warming is not None:
+            warming.join(RESET_JOIN_S)
+
+
+STATE = TritonState()
+"""The Triton integration's process-wide state (``precompile_executor.triton.state``)."""
+
+__all__ = ["OFF", "RESET_JOIN_S", "STATE", "TritonState"]
