@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,60 @@ def test_a_node_lost_mid_batch_has_its_compiles_done_elsewhere(
         for job, kernel in zip(jobs, kernels, strict=True):
             assert kernel.hash == job.request.expected_hash  # the key a launch here looks up
             assert all(Path(p).exists() for p in kernel.metadata_group.values())
+
+
+@pytest.mark.timeout(300)
+def test_a_node_lost_mid_autotune_has_its_configs_compiled_elsewhere(
+    cpu_nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dask worker killed while it holds a config of a ``@triton.autotune`` tune: the compile
+    is sent again (``_submit.NODE_LOST_RESENDS``), lands on the other node, and the tune ends as
+    without the loss: every config from a node, the same winner."""
+    import threading
+
+    import test_triton_autotune as at
+
+    from precompile_executor.triton import _autotune_tune, classify
+
+    monkeypatch.setattr(_autotune_tune, "STEALS", False)  # nothing taken back by this thread
+    _, client, node_caches, other = cpu_nodes
+    good = _good_nodes(client, other)
+    caller_cache = tmp_path / "caller-cache"
+
+    def slow_start() -> None:
+        time.sleep(4.0)  # each node's pool is still starting: its one config waits there
+
+    outcome: dict[str, Any] = {}
+
+    def tune() -> None:
+        try:
+            outcome["tuned"] = _autotune_double(executor, caller_cache)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test's thread
+            outcome["error"] = exc
+
+    with DaskPrecompileExecutor(
+        client,
+        timeout=120,
+        classify=classify,
+        initializer=slow_start,
+        max_workers_per_node=1,
+        workers=good,
+    ) as executor:
+        tuning = threading.Thread(target=tune, daemon=True)
+        tuning.start()
+        # a window of one task per node: each node holds one config of the tune
+        wait_until(lambda: executor.statistics().dispatched == 2)
+        victim = good[0]
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        tuning.join(timeout=240)
+        assert not tuning.is_alive()
+        stats = executor.statistics()
+    if "error" in outcome:
+        raise outcome["error"]
+    kernel, gpu, log = outcome["tuned"]
+    assert stats.nodes_lost == 1 and stats.crashed == 1  # the one config the node held
+    assert stats.completed == len(at.DOUBLE_CONFIGS)  # each config, once, on a node
+    assert log.events == []  # nothing compiled here
+    assert len(_installed_for_sm90(caller_cache, node_caches)) == len(at.DOUBLE_CONFIGS)
+    assert kernel.best_config is at.DOUBLE_CONFIGS[2]
+    assert gpu.launches[-1]["BLOCK"] == 256
