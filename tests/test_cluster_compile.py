@@ -10,6 +10,7 @@ nodes").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -256,6 +257,36 @@ def test_triton_autotune_on_cold_nodes_compiles_each_config_once_here_or_on_a_no
     assert len(_installed_for_sm90(caller_cache, node_caches)) == len(at.DOUBLE_CONFIGS)
     assert kernel.best_config is at.DOUBLE_CONFIGS[2]
     assert gpu.launches[-1]["BLOCK"] == 256
+
+
+# -- Helion ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_helion_refuses_a_cluster_executor_saying_why_and_patches_nothing(cpu_nodes: Any) -> None:
+    """Helion's fork mode forks the caller and its spawn mode runs configs on a GPU: neither
+    runs on a CPU node, so ``helion.use()``/``install()`` refuse a cluster executor, say what to
+    do instead, and leave Helion as it was (docs/helion.md, "On a cluster")."""
+    pytest.importorskip("helion")
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    import precompile_executor.helion as peh
+
+    _, client, _, other = cpu_nodes
+    create = PrecompileFuture.__dict__["create"]
+    with DaskPrecompileExecutor(client, workers=_good_nodes(client, other)) as executor:
+        for arrive in (peh.use, peh.install):
+            with pytest.raises(TypeError) as refused:
+                with contextlib.ExitStack() as stack:
+                    opened = arrive(executor)  # type: ignore[arg-type]
+                    if isinstance(opened, contextlib.AbstractContextManager):
+                        stack.enter_context(opened)
+            message = str(refused.value)
+            assert "a dask cluster" in message and "DaskPrecompileExecutor" in message
+            assert "fork" in message and "spawn" in message and "GPU" in message
+            assert "local PrecompileExecutor" in message and "On a cluster" in message
+            assert not peh.installed() and PrecompileFuture.__dict__["create"] is create
+        assert executor.submit(abs, -1).result(timeout=WAIT_S) == 1  # the executor is fine
 
 
 # -- a node lost mid-batch (last: the nanny replaces the killed worker) ---------------------------

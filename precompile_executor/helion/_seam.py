@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import PrecompileExecutor
+from .._cluster_executor import ClusterExecutor
 from . import _bench_worker, _warm
 from ._state import STATE, Originals
 from ._warm import current_executor as current_executor  # re-exported: the seam's API
@@ -396,6 +397,15 @@ def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
     """Everything before a holder joins the scope: the head starts, the check, the default
     executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
     patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
+    if isinstance(executor, ClusterExecutor):
+        raise TypeError(
+            f"Helion's autotuner cannot precompile on {executor.WHERE} "
+            f"({type(executor).__name__}): fork mode forks this process for each config and "
+            "spawn mode runs each config on a GPU, and a cluster's nodes can do neither. Pass a "
+            "local PrecompileExecutor (or none: use() builds one) on the GPU machine; Triton "
+            "kernels do compile on a cluster (precompile_executor.triton.autotune.use(), "
+            'warm()). docs/helion.md, "On a cluster", says what is missing.'
+        )
     if executor is not None and not isinstance(executor, PrecompileExecutor):
         raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
     with STATE.lock:
@@ -466,7 +476,9 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version (nothing is
             patched).
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
+        TypeError: ``executor`` is not a :class:`PrecompileExecutor`; a cluster executor
+            (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``) is refused too, the message
+            says why (docs/helion.md, "On a cluster").
     """
     block, resolved = _arrive(executor, process_wide=False)
     try:
@@ -490,7 +502,8 @@ def install(executor: PrecompileExecutor | None = None) -> None:
 
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
+        TypeError: ``executor`` is not a :class:`PrecompileExecutor` (a cluster executor
+            included, as in :func:`use`).
     """
     _arrive(executor, process_wide=True)
 
