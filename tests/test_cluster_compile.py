@@ -10,7 +10,6 @@ nodes").
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -262,31 +261,69 @@ def test_triton_autotune_on_cold_nodes_compiles_each_config_once_here_or_on_a_no
 # -- Helion ----------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(60)
-def test_helion_refuses_a_cluster_executor_saying_why_and_patches_nothing(cpu_nodes: Any) -> None:
-    """Helion's fork mode forks the caller and its spawn mode runs configs on a GPU: neither
-    runs on a CPU node, so ``helion.use()``/``install()`` refuse a cluster executor, say what to
-    do instead, and leave Helion as it was (docs/helion.md, "On a cluster")."""
+@pytest.mark.timeout(240)
+def test_helion_fork_mode_compiles_each_config_on_the_nodes_for_the_callers_target(
+    cpu_nodes: Any, tmp_path: Path
+) -> None:
+    """``helion.use(dask_executor)`` in fork mode: each config's compile is taken from Helion's
+    precompiler in this process (the call's specialization, the target of this process's
+    compile-only sm_90 device) and runs on a node; the files come back into this process's
+    ``TRITON_CACHE_DIR``, where Helion's own precompiler then finds each one (docs/helion.md,
+    "On a cluster"). Spawn mode, which runs configs on a GPU, is refused saying what to do."""
     pytest.importorskip("helion")
-    from helion.autotuner.precompile_future import PrecompileFuture
+    import test_helion as th
+    from helion import exc as helion_exc
+    from helion.autotuner.precompile_future import PrecompileFuture, _prepare_precompiler_for_fork
+    from triton import knobs
 
     import precompile_executor.helion as peh
+    from precompile_executor.helion._future import HelionFuture
 
-    _, client, _, other = cpu_nodes
-    create = PrecompileFuture.__dict__["create"]
-    with DaskPrecompileExecutor(client, workers=_good_nodes(client, other)) as executor:
-        for arrive in (peh.use, peh.install):
-            with pytest.raises(TypeError) as refused:
-                with contextlib.ExitStack() as stack:
-                    opened = arrive(executor)  # type: ignore[arg-type]
-                    if isinstance(opened, contextlib.AbstractContextManager):
-                        stack.enter_context(opened)
-            message = str(refused.value)
-            assert "a dask cluster" in message and "DaskPrecompileExecutor" in message
-            assert "fork" in message and "spawn" in message and "GPU" in message
-            assert "local PrecompileExecutor" in message and "On a cluster" in message
-            assert not peh.installed() and PrecompileFuture.__dict__["create"] is create
-        assert executor.submit(abs, -1).result(timeout=WAIT_S) == 1  # the executor is fine
+    _, client, node_caches, other = cpu_nodes
+    caller_cache = tmp_path / "triton"  # th._fork_batch's TRITON_CACHE_DIR
+    hits: list[bool] = []
+
+    def listener(
+        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
+    ) -> None:
+        hits.append(cache_hit)
+
+    with DaskPrecompileExecutor(
+        client, timeout=120, workers=_good_nodes(client, other)
+    ) as executor:
+        pool_pids = {p for pids in executor.warm_up(timeout=WAIT_S).values() for p in pids}
+        with th._fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
+            configs = th._configs(bound, 4)
+            futures = [th._create(ctx, bound, c, args) for c in configs]
+            assert all(isinstance(f, HelionFuture) and f.path == "cluster" for f in futures)
+            assert PrecompileFuture.wait_for_all(futures) == [True] * 4
+            assert executor.statistics().completed == 4  # each on a node
+            for f in futures:
+                assert f.ok and f.failure_reason == "ok" and f.started
+                assert f.process is not None and f.process.pid in pool_pids
+            with knobs.compilation.scope():
+                knobs.compilation.listener = listener
+                for config in configs:
+                    decorator = bound.format_kernel_decorator(config, ctx.settings)
+                    finish_it = _prepare_precompiler_for_fork(
+                        bound.compile_config(config), args, config, bound, decorator, ctx.log
+                    )
+                    assert finish_it is not None and finish_it() is True
+            assert hits == [True] * 4  # Helion's own compile of each: a hit in this cache
+
+            spawn = th._context(bound, args, autotune_precompile="spawn")
+            with pytest.raises(helion_exc.AutotuneError) as refused:
+                th._create(spawn, bound, configs[0], args)
+        message = str(refused.value)
+        assert (
+            "runs each config once on a GPU" in message and "autotune_precompile='fork'" in message
+        )
+    metadata = [json.loads(p.read_text()) for p in caller_cache.rglob("*.json")]
+    kernels = [m for m in metadata if "target" in m]
+    assert len(kernels) == 4
+    assert {(m["target"]["backend"], m["target"]["arch"]) for m in kernels} == {("cuda", 90)}
+    node_files = [str(p) for c in node_caches if c.exists() for p in c.rglob("*")]
+    assert not [f for f in node_files for m in kernels if m["hash"] in f]
 
 
 # -- a node lost mid-batch (last: the nanny replaces the killed worker) ---------------------------

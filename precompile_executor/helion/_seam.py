@@ -36,6 +36,7 @@ from .. import PrecompileExecutor
 from .._cluster_executor import ClusterExecutor
 from . import _bench_worker, _warm
 from ._state import STATE, Originals
+from ._warm import HelionExecutor
 from ._warm import current_executor as current_executor  # re-exported: the seam's API
 from ._warm import uses as uses
 
@@ -393,21 +394,15 @@ def installed() -> bool:
     return STATE.active()
 
 
-def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
+def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
     """Everything before a holder joins the scope: the head starts, the check, the default
     executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
     patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
-    if isinstance(executor, ClusterExecutor):
+    if executor is not None and not isinstance(executor, PrecompileExecutor | ClusterExecutor):
         raise TypeError(
-            f"Helion's autotuner cannot precompile on {executor.WHERE} "
-            f"({type(executor).__name__}): fork mode forks this process for each config and "
-            "spawn mode runs each config on a GPU, and a cluster's nodes can do neither. Pass a "
-            "local PrecompileExecutor (or none: use() builds one) on the GPU machine; Triton "
-            "kernels do compile on a cluster (precompile_executor.triton.autotune.use(), "
-            'warm()). docs/helion.md, "On a cluster", says what is missing.'
+            "executor must be a PrecompileExecutor or a cluster executor (fork mode only), got "
+            f"{type(executor).__name__}"
         )
-    if executor is not None and not isinstance(executor, PrecompileExecutor):
-        raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
     with STATE.lock:
         STATE.arriving += 1  # a concurrent last exit leaves a spare started here alone
     try:
@@ -446,7 +441,7 @@ def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
 
 
 @contextlib.contextmanager
-def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecutor]:
+def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
     """Within the block, Helion's autotunes precompile on ``executor`` and benchmark each config
     as soon as its precompile lands.
 
@@ -476,9 +471,9 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version (nothing is
             patched).
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor`; a cluster executor
-            (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``) is refused too, the message
-            says why (docs/helion.md, "On a cluster").
+        TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
+            executor (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``: fork mode's
+            compiles run on its nodes, spawn mode is refused; docs/helion.md, "On a cluster").
     """
     block, resolved = _arrive(executor, process_wide=False)
     try:
@@ -488,7 +483,7 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
         STATE.discard_doomed()
 
 
-def install(executor: PrecompileExecutor | None = None) -> None:
+def install(executor: HelionExecutor | None = None) -> None:
     """Make every later Helion autotune in this process, on any thread, precompile on
     ``executor`` (default: the process's executor for Helion, as :func:`use` builds it) where no
     :func:`use` block is open (docs/helion.md, "Which executor: the scope rule").
@@ -502,8 +497,8 @@ def install(executor: PrecompileExecutor | None = None) -> None:
 
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor` (a cluster executor
-            included, as in :func:`use`).
+        TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
+            executor (as in :func:`use`).
     """
     _arrive(executor, process_wide=True)
 
