@@ -13,13 +13,17 @@ Data flow (one batch)::
     create(ctx, config, fn, args, ...) ──► fork:  run host code with a raising launcher,
       (per config)                                 keep Helion's precompiler ─► ForkCompile
                                            spawn: serialize the generated module ─► GeneratedKernel
+                                           cluster executor (fork mode): take the
+                                             precompiler apart ─► ClusterCompile
                                            ◄── HelionFuture (not submitted yet)
     wait_for_all(futures) ───────────────► spawn: share_args(ctx.args) once for the batch
                                            submit ≤ ctx.jobs at a time ─────────► fork child /
-                                             (timeout = autotune_compile_timeout    warm worker
-                                              read now, counted from the real start)
-                                           settle each as it finishes ◄──────────── TaskResult or
-                                             ok / "error" / "timeout", elapsed,      RemoteError
+                                             (timeout = autotune_compile_timeout    warm worker /
+                                              read now, counted from the real start) a node's pool
+                                           settle each as it finishes ◄──────────── TaskResult,
+                                             ok / "error" / "timeout", elapsed,      the compiled
+                                                                                     kernel, or
+                                                                                     RemoteError
                                              Helion's classification: "raise" ─► exc.TritonError
     list[bool] (aligned with futures) ◄─── release the shared arguments
     Ctrl-C or "raise" anywhere: cancel what has not started, kill the running groups, re-raise.

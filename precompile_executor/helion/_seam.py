@@ -453,7 +453,10 @@ def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
     exit in any order; the last holder to leave puts Helion's methods back, also on an exception.
 
     Helion's ``autotune_precompile="fork"`` runs each config's compile on the executor's fork
-    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
+    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. A cluster
+    executor (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``) takes fork mode only: each
+    compile runs on a node for this process's GPU and its files come back here; spawn mode is
+    refused there (docs/helion.md, "On a cluster"). Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
     the background at once. An autotune in the block starts Helion's benchmark subprocess when
