@@ -326,6 +326,36 @@ def test_helion_fork_mode_compiles_each_config_on_the_nodes_for_the_callers_targ
     assert not [f for f in node_files for m in kernels if m["hash"] in f]
 
 
+@pytest.mark.timeout(240)
+def test_helion_fork_mode_on_a_cluster_a_compile_past_its_timeout_is_a_timeout(
+    cpu_nodes: Any, tmp_path: Path
+) -> None:
+    """``autotune_compile_timeout`` is each node task's timeout, counted from its start there: a
+    compile that outlives it is killed on its node and reported to Helion as a timeout, as in
+    fork mode; the nodes go on compiling."""
+    pytest.importorskip("helion")
+    import test_helion as th
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    import precompile_executor.helion as peh
+
+    _, client, _, other = cpu_nodes
+    with DaskPrecompileExecutor(
+        client, timeout=120, workers=_good_nodes(client, other)
+    ) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        # no Triton compile of a kernel finishes in 10 ms
+        with th._fork_batch(tmp_path, autotune_compile_timeout=0.01) as (bound, args, ctx):
+            with peh.use(executor):
+                configs = th._configs(bound, 2)
+                futures = [th._create(ctx, bound, c, args) for c in configs]
+                assert PrecompileFuture.wait_for_all(futures) == [False, False]
+        assert [f.failure_reason for f in futures] == ["timeout", "timeout"]
+        assert all(f.started and f.elapsed >= 0.01 for f in futures)
+        assert executor.statistics().timed_out == 2
+        assert executor.submit(abs, -1).result(timeout=WAIT_S) == 1  # the nodes go on
+
+
 # -- a node lost mid-batch (last: the nanny replaces the killed worker) ---------------------------
 
 
