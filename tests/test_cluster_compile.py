@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cluster_helpers as cases
 import loopback
 import pytest
 from cluster_helpers import WAIT_S, wait_until
@@ -270,60 +271,11 @@ def test_helion_fork_mode_compiles_each_config_on_the_nodes_for_the_callers_targ
     compile-only sm_90 device) and runs on a node; the files come back into this process's
     ``TRITON_CACHE_DIR``, where Helion's own precompiler then finds each one (docs/helion.md,
     "On a cluster"). Spawn mode, which runs configs on a GPU, is refused saying what to do."""
-    pytest.importorskip("helion")
-    import test_helion as th
-    from helion import exc as helion_exc
-    from helion.autotuner.precompile_future import PrecompileFuture, _prepare_precompiler_for_fork
-    from triton import knobs
-
-    import precompile_executor.helion as peh
-    from precompile_executor.helion._future import HelionFuture
-
     _, client, node_caches, other = cpu_nodes
-    caller_cache = tmp_path / "triton"  # th._fork_batch's TRITON_CACHE_DIR
-    hits: list[bool] = []
-
-    def listener(
-        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
-    ) -> None:
-        hits.append(cache_hit)
-
     with DaskPrecompileExecutor(
         client, timeout=120, workers=_good_nodes(client, other)
     ) as executor:
-        pool_pids = {p for pids in executor.warm_up(timeout=WAIT_S).values() for p in pids}
-        with th._fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
-            configs = th._configs(bound, 4)
-            futures = [th._create(ctx, bound, c, args) for c in configs]
-            assert all(isinstance(f, HelionFuture) and f.path == "cluster" for f in futures)
-            assert PrecompileFuture.wait_for_all(futures) == [True] * 4
-            assert executor.statistics().completed == 4  # each on a node
-            for f in futures:
-                assert f.ok and f.failure_reason == "ok" and f.started
-                assert f.process is not None and f.process.pid in pool_pids
-            with knobs.compilation.scope():
-                knobs.compilation.listener = listener
-                for config in configs:
-                    decorator = bound.format_kernel_decorator(config, ctx.settings)
-                    finish_it = _prepare_precompiler_for_fork(
-                        bound.compile_config(config), args, config, bound, decorator, ctx.log
-                    )
-                    assert finish_it is not None and finish_it() is True
-            assert hits == [True] * 4  # Helion's own compile of each: a hit in this cache
-
-            spawn = th._context(bound, args, autotune_precompile="spawn")
-            with pytest.raises(helion_exc.AutotuneError) as refused:
-                th._create(spawn, bound, configs[0], args)
-        message = str(refused.value)
-        assert (
-            "runs each config once on a GPU" in message and "autotune_precompile='fork'" in message
-        )
-    metadata = [json.loads(p.read_text()) for p in caller_cache.rglob("*.json")]
-    kernels = [m for m in metadata if "target" in m]
-    assert len(kernels) == 4
-    assert {(m["target"]["backend"], m["target"]["arch"]) for m in kernels} == {("cuda", 90)}
-    node_files = [str(p) for c in node_caches if c.exists() for p in c.rglob("*")]
-    assert not [f for f in node_files for m in kernels if m["hash"] in f]
+        cases.helion_fork_mode_compiles_on_the_nodes(executor, node_caches, tmp_path)
 
 
 @pytest.mark.timeout(240)
