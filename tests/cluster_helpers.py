@@ -320,6 +320,14 @@ def helion_fork_mode_compiles_on_the_nodes(
         for f in futures:
             assert f.ok and f.failure_reason == "ok" and f.started
             assert f.process is not None and f.process.pid in pool_pids
+        # Again, this process's memory forgotten: each is in its cache now, nothing is sent.
+        for config in configs:
+            th._jit(bound, config).device_caches.clear()
+        again = [th._create(ctx, bound, c, args) for c in configs]
+        assert all(isinstance(f, HelionFuture) and f.path == "cluster" for f in again)
+        assert PrecompileFuture.wait_for_all(again) == [True] * 4
+        assert all(f.job.cached and f.process is None and f.started for f in again)
+        assert executor.statistics().completed == 4
         with knobs.compilation.scope():
             knobs.compilation.listener = listener
             for config in configs:

@@ -487,8 +487,10 @@ def _settle(hf: HelionFuture) -> None:
         return
     error = hf.future.exception()
     if error is None and hf.path == "cluster":
-        artifacts = hf.job.artifacts  # None: the caller's cache had it, nothing ran
-        if artifacts is not None:
+        artifacts = hf.job.artifacts
+        if artifacts is None:  # the caller's cache had it: nothing ran, nothing to wait for
+            hf.start_time = hf.end_time
+        else:
             hf.start_time = hf.end_time - artifacts.compile_time_s
             hf.process = TaskProcess(artifacts.worker_pid, hf.path)
         hf.ok, hf.failure_reason = True, "ok"
