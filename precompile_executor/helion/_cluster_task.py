@@ -22,6 +22,8 @@ import dataclasses
 from concurrent.futures import Executor
 from typing import Any
 
+from ._errors import UnsupportedHelionError
+
 _CLOSURE_NAME = "finish_it"
 _NEEDED = ("fn", "signature", "constexprs", "attrs", "target", "options")
 """What ``finish_it`` (Helion 1.5.1) closes over and the compile needs."""
@@ -53,8 +55,6 @@ def cluster_compile(precompiler: Any, label: str) -> ClusterCompile:
         UnsupportedHelionError: the closure does not capture what Helion 1.5.1's does.
     """
     from triton._C.libtriton import get_cache_invalidating_env_vars
-
-    from ._seam import UnsupportedHelionError
 
     code = getattr(precompiler, "__code__", None)
     captured: dict[str, Any] = {}

@@ -35,6 +35,7 @@ from typing import Any
 from .. import PrecompileExecutor
 from .._cluster_executor import ClusterExecutor
 from . import _bench_worker, _warm
+from ._errors import UnsupportedHelionError as UnsupportedHelionError  # the seam's API
 from ._state import STATE, Originals
 from ._warm import HelionExecutor
 from ._warm import current_executor as current_executor  # re-exported: the seam's API
@@ -172,14 +173,6 @@ _CODE_USES = (
         )
     ),
 )
-
-
-class UnsupportedHelionError(RuntimeError):
-    """The installed Helion is not one whose precompile seam this integration knows.
-
-    Nothing was patched. The message names what differs; pin ``helion==1.5.1`` (the
-    ``precompile-executor[helion]`` extra does) or run Helion without this integration.
-    """
 
 
 def helion_version() -> str:
