@@ -9,6 +9,7 @@ processes a node's pools live in (the dask workers, the Ray node actors), node â
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -281,3 +282,70 @@ def warm_compiles_on_the_nodes_then_finds_them_cached(executor: Any) -> int:
     assert {r.status for r in again.results} == {"cached"}  # installed here
     assert executor.statistics().completed == n_configs
     return n_configs
+
+
+def helion_fork_mode_compiles_on_the_nodes(
+    executor: Any, node_caches: list[Path], tmp_path: Path
+) -> None:
+    """``helion.use(cluster_executor)`` in fork mode: each config's compile is taken from
+    Helion's precompiler in this process (the call's specialization, the target of this
+    process's compile-only sm_90 device) and runs on a node; the files come back into this
+    process's ``TRITON_CACHE_DIR`` (not the nodes' caches), where Helion's own precompiler then
+    finds each one (docs/helion.md, "On a cluster"). Spawn mode, which runs configs on a GPU, is
+    refused saying what to do."""
+    pytest.importorskip("helion")
+    import test_helion as th
+    from helion import exc as helion_exc
+    from helion.autotuner.precompile_future import PrecompileFuture, _prepare_precompiler_for_fork
+    from triton import knobs
+
+    import precompile_executor.helion as peh
+    from precompile_executor.helion._future import HelionFuture
+
+    caller_cache = tmp_path / "triton"  # th._fork_batch's TRITON_CACHE_DIR
+    hits: list[bool] = []
+
+    def listener(
+        *, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool
+    ) -> None:
+        hits.append(cache_hit)
+
+    pool_pids = {p for pids in executor.warm_up(timeout=WAIT_S).values() for p in pids}
+    with th._fork_batch(tmp_path) as (bound, args, ctx), peh.use(executor):
+        configs = th._configs(bound, 4)
+        futures = [th._create(ctx, bound, c, args) for c in configs]
+        assert all(isinstance(f, HelionFuture) and f.path == "cluster" for f in futures)
+        assert PrecompileFuture.wait_for_all(futures) == [True] * 4
+        assert executor.statistics().completed == 4  # each on a node
+        for f in futures:
+            assert f.ok and f.failure_reason == "ok" and f.started
+            assert f.process is not None and f.process.pid in pool_pids
+        # Again, this process's memory forgotten: each is in its cache now, nothing is sent.
+        for config in configs:
+            th._jit(bound, config).device_caches.clear()
+        again = [th._create(ctx, bound, c, args) for c in configs]
+        assert all(isinstance(f, HelionFuture) and f.path == "cluster" for f in again)
+        assert PrecompileFuture.wait_for_all(again) == [True] * 4
+        assert all(f.job.cached and f.process is None and f.started for f in again)
+        assert executor.statistics().completed == 4
+        with knobs.compilation.scope():
+            knobs.compilation.listener = listener
+            for config in configs:
+                decorator = bound.format_kernel_decorator(config, ctx.settings)
+                finish_it = _prepare_precompiler_for_fork(
+                    bound.compile_config(config), args, config, bound, decorator, ctx.log
+                )
+                assert finish_it is not None and finish_it() is True
+        assert hits == [True] * 4  # Helion's own compile of each: a hit in this cache
+
+        spawn = th._context(bound, args, autotune_precompile="spawn")
+        with pytest.raises(helion_exc.AutotuneError) as refused:
+            th._create(spawn, bound, configs[0], args)
+    message = str(refused.value)
+    assert "runs each config once on a GPU" in message and "autotune_precompile='fork'" in message
+    metadata = [json.loads(p.read_text()) for p in caller_cache.rglob("*.json")]
+    kernels = [m for m in metadata if "target" in m]
+    assert len(kernels) == 4
+    assert {(m["target"]["backend"], m["target"]["arch"]) for m in kernels} == {("cuda", 90)}
+    node_files = [str(p) for c in node_caches if c.exists() for p in c.rglob("*")]
+    assert not [f for f in node_files for m in kernels if m["hash"] in f]

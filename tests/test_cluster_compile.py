@@ -15,10 +15,12 @@ import logging
 import os
 import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cluster_helpers as cases
 import loopback
 import pytest
 from cluster_helpers import WAIT_S, wait_until
@@ -145,6 +147,167 @@ def test_warm_with_an_unreachable_scheduler_is_bad_input_in_one_line(
     assert len(err) == 1 and "could not reach the dask scheduler tcp://127.0.0.1:9" in err[0]
 
 
+# -- @triton.autotune with a cluster executor -------------------------------------------------
+
+
+def _good_nodes(client: Any, other: str) -> list[str]:
+    """The nodes with this process's Triton, once all three are up (the nanny restarts a killed
+    one under a new address)."""
+    wait_until(lambda: len(client.nthreads()) == 3)
+    return sorted(a for a in client.nthreads() if a != other)
+
+
+def _autotune_double(executor: Any, caller_cache: Path) -> tuple[Any, Any, Any]:
+    """Autotune ``test_triton_autotune.double_jit``'s five configs on a dry-run sm_90 GPU through
+    ``pe_autotune.use(executor)``, with ``caller_cache`` as this process's Triton cache. Returns
+    ``(kernel, gpu, log)``: the autotuner, the dry-run GPU (its launches) and every compile this
+    process ran itself (``log.compiled_blocks``)."""
+    import test_triton_autotune as at
+    import triton
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    from precompile_executor.triton import autotune as pe_autotune
+
+    gpu = at.DryRunGPU()
+    log = at.CompileLog()
+    bench = at.Bench(gpu, lambda launched: at.DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=at.DOUBLE_CONFIGS, key=["n"], do_bench=bench)(at.double_jit)
+    previous = driver.__dict__.get("_active")
+    with knobs.cache.scope(), knobs.compilation.scope():
+        knobs.cache.dir = str(caller_cache)
+        knobs.compilation.listener = log
+        driver.set_active(gpu)
+        try:
+            with pe_autotune.use(executor):
+                kernel[at.GRID](*at._double_args())
+        finally:
+            driver.set_active(previous)
+            at.double_jit.device_caches.pop(gpu.device, None)
+    assert {c["BLOCK"] for c in bench.calls} == {c.kwargs["BLOCK"] for c in at.DOUBLE_CONFIGS}
+    return kernel, gpu, log
+
+
+def _installed_for_sm90(caller_cache: Path, node_caches: list[Path]) -> set[str]:
+    """The hashes of ``double_jit``'s kernels in the caller's cache, each checked to be for the
+    caller's target (sm_90: no node has a GPU to pick it) and absent from every node's cache (the
+    files came back by value). Returns the hashes."""
+    metadata = [json.loads(p.read_text()) for p in caller_cache.rglob("double_jit.json")]
+    assert {(m["target"]["backend"], m["target"]["arch"]) for m in metadata} == {("cuda", 90)}
+    hashes = {m["hash"] for m in metadata}
+    node_files = [str(p) for c in node_caches if c.exists() for p in c.rglob("*")]
+    assert not [f for f in node_files for h in hashes if h in f]
+    return hashes
+
+
+@pytest.mark.timeout(240)
+def test_triton_autotune_compiles_every_config_on_the_nodes_for_the_callers_target(
+    cpu_nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pe_autotune.use(dask_executor)`` on warm nodes, the tune's own thread kept out
+    (``STEALS = False``): every config compiles on a node for the target of the caller's
+    (dry-run sm_90) device, comes back into the caller's cache, and each benchmark launch finds
+    it there; the winner is the one the local executor picks
+    (``test_triton_autotune.test_a_new_key_compiles_each_pruned_config_in_workers_and_...``)."""
+    import test_triton_autotune as at
+
+    from precompile_executor.triton import _autotune_tune, classify
+
+    monkeypatch.setattr(_autotune_tune, "STEALS", False)
+    _, client, node_caches, other = cpu_nodes
+    caller_cache = tmp_path / "caller-cache"
+    with DaskPrecompileExecutor(
+        client, timeout=120, classify=classify, workers=_good_nodes(client, other)
+    ) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        kernel, gpu, log = _autotune_double(executor, caller_cache)
+        stats = executor.statistics()
+    assert stats.completed == len(at.DOUBLE_CONFIGS) and stats.failed == 0  # all on the nodes
+    assert log.events == []  # nothing compiled here: every launch hit the caller's cache
+    assert len(_installed_for_sm90(caller_cache, node_caches)) == len(at.DOUBLE_CONFIGS)
+    assert kernel.best_config is at.DOUBLE_CONFIGS[2]  # BLOCK=256, as with the local executor
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
+@pytest.mark.timeout(240)
+def test_triton_autotune_on_cold_nodes_compiles_each_config_once_here_or_on_a_node(
+    cpu_nodes: Any, tmp_path: Path
+) -> None:
+    """The defaults on nodes whose pools have not started: the tune's thread may take back a
+    config still PENDING on a node (``cancel()`` of a dispatched task, as with a local pool) and
+    compile it here, as stock Triton would; every other config compiles on a node. No config is
+    compiled twice, and no module-import task is sent (pre-imports target a local pool's
+    workers: docs/triton.md, "On a cluster")."""
+    import test_triton_autotune as at
+
+    from precompile_executor.triton import _autotune_tune, _preimport, classify
+
+    assert _autotune_tune.STEALS and _preimport.PREIMPORTS
+    _, client, node_caches, other = cpu_nodes
+    caller_cache = tmp_path / "caller-cache"
+    with DaskPrecompileExecutor(
+        client, timeout=120, classify=classify, workers=_good_nodes(client, other)
+    ) as executor:
+        kernel, gpu, log = _autotune_double(executor, caller_cache)
+        stats = executor.statistics()
+    here = log.compiled_blocks
+    assert len(here) == len(set(here))
+    assert stats.completed + len(here) == len(at.DOUBLE_CONFIGS)  # each compiled exactly once
+    assert stats.cancelled == len(here) and stats.failed == 0  # no other task was sent
+    assert len(_installed_for_sm90(caller_cache, node_caches)) == len(at.DOUBLE_CONFIGS)
+    assert kernel.best_config is at.DOUBLE_CONFIGS[2]
+    assert gpu.launches[-1]["BLOCK"] == 256
+
+
+# -- Helion ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_helion_fork_mode_compiles_each_config_on_the_nodes_for_the_callers_target(
+    cpu_nodes: Any, tmp_path: Path
+) -> None:
+    """``helion.use(dask_executor)`` in fork mode: each config's compile is taken from Helion's
+    precompiler in this process (the call's specialization, the target of this process's
+    compile-only sm_90 device) and runs on a node; the files come back into this process's
+    ``TRITON_CACHE_DIR``, where Helion's own precompiler then finds each one (docs/helion.md,
+    "On a cluster"). Spawn mode, which runs configs on a GPU, is refused saying what to do."""
+    _, client, node_caches, other = cpu_nodes
+    with DaskPrecompileExecutor(
+        client, timeout=120, workers=_good_nodes(client, other)
+    ) as executor:
+        cases.helion_fork_mode_compiles_on_the_nodes(executor, node_caches, tmp_path)
+
+
+@pytest.mark.timeout(240)
+def test_helion_fork_mode_on_a_cluster_a_compile_past_its_timeout_is_a_timeout(
+    cpu_nodes: Any, tmp_path: Path
+) -> None:
+    """``autotune_compile_timeout`` is each node task's timeout, counted from its start there: a
+    compile that outlives it is killed on its node and reported to Helion as a timeout, as in
+    fork mode; the nodes go on compiling."""
+    pytest.importorskip("helion")
+    import test_helion as th
+    from helion.autotuner.precompile_future import PrecompileFuture
+
+    import precompile_executor.helion as peh
+
+    _, client, _, other = cpu_nodes
+    with DaskPrecompileExecutor(
+        client, timeout=120, workers=_good_nodes(client, other)
+    ) as executor:
+        executor.warm_up(timeout=WAIT_S)
+        # no Triton compile of a kernel finishes in 10 ms
+        with th._fork_batch(tmp_path, autotune_compile_timeout=0.01) as (bound, args, ctx):
+            with peh.use(executor):
+                configs = th._configs(bound, 2)
+                futures = [th._create(ctx, bound, c, args) for c in configs]
+                assert PrecompileFuture.wait_for_all(futures) == [False, False]
+        assert [f.failure_reason for f in futures] == ["timeout", "timeout"]
+        assert all(f.started and f.elapsed >= 0.01 for f in futures)
+        assert executor.statistics().timed_out == 2
+        assert executor.submit(abs, -1).result(timeout=WAIT_S) == 1  # the nodes go on
+
+
 # -- a node lost mid-batch (last: the nanny replaces the killed worker) ---------------------------
 
 
@@ -192,3 +355,60 @@ def test_a_node_lost_mid_batch_has_its_compiles_done_elsewhere(
         for job, kernel in zip(jobs, kernels, strict=True):
             assert kernel.hash == job.request.expected_hash  # the key a launch here looks up
             assert all(Path(p).exists() for p in kernel.metadata_group.values())
+
+
+@pytest.mark.timeout(300)
+def test_a_node_lost_mid_autotune_has_its_configs_compiled_elsewhere(
+    cpu_nodes: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dask worker killed while it holds a config of a ``@triton.autotune`` tune: the compile
+    is sent again (``_submit.NODE_LOST_RESENDS``), lands on the other node, and the tune ends as
+    without the loss: every config from a node, the same winner."""
+    import threading
+
+    import test_triton_autotune as at
+
+    from precompile_executor.triton import _autotune_tune, classify
+
+    monkeypatch.setattr(_autotune_tune, "STEALS", False)  # nothing taken back by this thread
+    _, client, node_caches, other = cpu_nodes
+    good = _good_nodes(client, other)
+    caller_cache = tmp_path / "caller-cache"
+
+    def slow_start() -> None:
+        time.sleep(4.0)  # each node's pool is still starting: its one config waits there
+
+    outcome: dict[str, Any] = {}
+
+    def tune() -> None:
+        try:
+            outcome["tuned"] = _autotune_double(executor, caller_cache)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test's thread
+            outcome["error"] = exc
+
+    with DaskPrecompileExecutor(
+        client,
+        timeout=120,
+        classify=classify,
+        initializer=slow_start,
+        max_workers_per_node=1,
+        workers=good,
+    ) as executor:
+        tuning = threading.Thread(target=tune, daemon=True)
+        tuning.start()
+        # a window of one task per node: each node holds one config of the tune
+        wait_until(lambda: executor.statistics().dispatched == 2)
+        victim = good[0]
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        tuning.join(timeout=240)
+        assert not tuning.is_alive()
+        stats = executor.statistics()
+    if "error" in outcome:
+        raise outcome["error"]
+    kernel, gpu, log = outcome["tuned"]
+    assert stats.nodes_lost == 1 and stats.crashed == 1  # the one config the node held
+    assert stats.completed == len(at.DOUBLE_CONFIGS)  # each config, once, on a node
+    assert log.events == []  # nothing compiled here
+    assert len(_installed_for_sm90(caller_cache, node_caches)) == len(at.DOUBLE_CONFIGS)
+    assert kernel.best_config is at.DOUBLE_CONFIGS[2]
+    assert gpu.launches[-1]["BLOCK"] == 256

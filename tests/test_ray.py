@@ -353,6 +353,15 @@ def test_warm_and_the_autotune_mode_take_the_ray_executor(
             assert gpu.launches[-1]["BLOCK"] == 256
 
 
+@pytest.mark.timeout(240)
+def test_helion_fork_mode_compiles_each_config_on_the_ray_nodes(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    _, node_caches, _ = ray_cluster
+    with RayPrecompileExecutor(timeout=120) as executor:
+        cases.helion_fork_mode_compiles_on_the_nodes(executor, node_caches, tmp_path)
+
+
 # -- a node with another Triton ------------------------------------------------------------------------
 
 OTHER_TRITON = "0.0.0"

@@ -31,6 +31,9 @@ beside the program's own imports.
 * Helion's **fork** mode compiles each config in a child forked by the executor's fork path
   (compile only, no CUDA in the child); a failed compile is reported as failed (Helion 1.5.1's own
   fork child exits 0 and records it as ok).
+* With a **cluster executor** (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``), fork mode's
+  compiles run on the nodes as compile-only Triton tasks for this process's GPU, their files sent
+  back into its Triton cache; spawn mode is refused there (``docs/helion.md``, "On a cluster").
 * Helion's **spawn** mode runs each config once, between device synchronisations, on the
   executor's warm spawn workers: each worker loads a generated module once per source and the
   kernel arguments once per batch, and a sticky CUDA error fails only its config and replaces

@@ -13,13 +13,17 @@ Data flow (one batch)::
     create(ctx, config, fn, args, ...) ──► fork:  run host code with a raising launcher,
       (per config)                                 keep Helion's precompiler ─► ForkCompile
                                            spawn: serialize the generated module ─► GeneratedKernel
+                                           cluster executor (fork mode): take the
+                                             precompiler apart ─► ClusterCompile
                                            ◄── HelionFuture (not submitted yet)
     wait_for_all(futures) ───────────────► spawn: share_args(ctx.args) once for the batch
                                            submit ≤ ctx.jobs at a time ─────────► fork child /
-                                             (timeout = autotune_compile_timeout    warm worker
-                                              read now, counted from the real start)
-                                           settle each as it finishes ◄──────────── TaskResult or
-                                             ok / "error" / "timeout", elapsed,      RemoteError
+                                             (timeout = autotune_compile_timeout    warm worker /
+                                              read now, counted from the real start) a node's pool
+                                           settle each as it finishes ◄──────────── TaskResult,
+                                             ok / "error" / "timeout", elapsed,      the compiled
+                                                                                     kernel, or
+                                                                                     RemoteError
                                              Helion's classification: "raise" ─► exc.TritonError
     list[bool] (aligned with futures) ◄─── release the shared arguments
     Ctrl-C or "raise" anywhere: cancel what has not started, kill the running groups, re-raise.
@@ -49,8 +53,9 @@ from .. import (
     WorkerCrashedError,
 )
 from .. import wait_for_all as _executor_wait_for_all
+from .._cluster_executor import ClusterExecutor
 from ..gpu import SharedArgs, run_once, share_args
-from . import _warm
+from . import _cluster_task, _warm
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
@@ -69,8 +74,8 @@ class TaskProcess:
     """Stands in for Helion's ``mp.Process``: which process ran the config's task.
 
     Attributes:
-        pid: the forked child or the spawn worker.
-        path: ``"fork"`` or ``"spawn"``.
+        pid: the forked child, the spawn worker, or the node's pool worker that compiled.
+        path: ``"fork"``, ``"spawn"`` or ``"cluster"`` (fork mode on a cluster executor).
     """
 
     pid: int
@@ -88,8 +93,8 @@ class HelionFuture:
 
     ctx: Any
     config: Any
-    path: Literal["fork", "spawn"]
-    task: Any  # ForkCompile or GeneratedKernel
+    path: Literal["fork", "spawn", "cluster"]
+    task: Any  # ForkCompile, GeneratedKernel or ClusterCompile
     timeout: float
     decorator: str
     future: Future[Any] | None = None
@@ -99,6 +104,16 @@ class HelionFuture:
     ok: bool | None = None
     failure_reason: FailureReason | None = None
     error: BaseException | None = None
+    job: Any = None
+    """Path ``"cluster"``: the ``CompileJob``; ``future`` is its future."""
+
+    @property
+    def task_future(self) -> Future[Any] | None:
+        """The executor's future of the task now: for a cluster compile, its last send
+        (``CompileJob.task_future``: ``running()`` there, and what a kill reaches)."""
+        if self.job is not None and self.job.task_future is not None:
+            return self.job.task_future  # type: ignore[no-any-return]
+        return self.future
 
     @property
     def started(self) -> bool:
@@ -120,12 +135,14 @@ class HelionFuture:
 
     def is_alive(self) -> bool:
         """Whether the task is running now."""
-        return self.future is not None and self.future.running()
+        task = self.task_future
+        return task is not None and task.running()
 
     def cancel(self) -> None:
         """Stop the task (kill its process group if it runs); the config fails."""
-        if self.future is not None and not self.future.done():
-            _kill([self.future])
+        task = self.task_future
+        if task is not None and not task.done():
+            _kill([task])
         if self.ok is None:
             self.end_time = time.time()
             self.ok = False
@@ -163,6 +180,14 @@ def create(
     mode = ctx.settings.autotune_precompile
     decorator = ctx.kernel.format_kernel_decorator(config, ctx.settings)
     timeout = float(ctx.settings.autotune_compile_timeout)
+    on_cluster = isinstance(_warm.current_executor(), ClusterExecutor)
+    if mode == "spawn" and on_cluster:
+        raise exc.AutotuneError(
+            "autotune_precompile='spawn' runs each config once on a GPU, and a cluster "
+            "executor's nodes are not this GPU: set autotune_precompile='fork' (or "
+            'HELION_AUTOTUNE_PRECOMPILE="fork"), whose compiles run on the nodes for this '
+            'process\'s GPU, or use a local PrecompileExecutor (docs/helion.md, "On a cluster").'
+        )
     if mode == "spawn":
         try:
             spec = _serialize_compiled_fn(fn)
@@ -187,6 +212,9 @@ def create(
         return PrecompileFuture.skip(ctx, config, False)
     if precompiler is None:  # already in Triton's in-memory cache
         return PrecompileFuture.skip(ctx, config, True)
+    if on_cluster:  # a node cannot fork this process: the compile travels as a Triton task
+        compile_task = _cluster_task.cluster_compile(precompiler, decorator)
+        return HelionFuture(ctx, config, "cluster", compile_task, timeout, decorator)
     # The child inherits this process's Triton as it is: fork it warm (_warm.start_caller_warm_up).
     _warm.wait_caller_warm_up()
     return HelionFuture(
@@ -271,7 +299,7 @@ def _plain(value: Any) -> bool:
 
 
 def _run(
-    executor: PrecompileExecutor,
+    executor: PrecompileExecutor | ClusterExecutor[Any],
     futures: list[HelionFuture],
     shared: dict[int, Any],
     progress: Iterator[int],
@@ -301,14 +329,16 @@ class Stream:
     fork the caller: they are submitted on the autotuner's thread only).
     """
 
-    def __init__(self, executor: PrecompileExecutor, shared: dict[int, Any]) -> None:
+    def __init__(
+        self, executor: PrecompileExecutor | ClusterExecutor[Any], shared: dict[int, Any]
+    ) -> None:
         self._executor = executor
         self._shared = shared
         self._lock = threading.RLock()
         self._waiting: collections.deque[HelionFuture] = collections.deque()
         self._running: dict[Future[Any], HelionFuture] = {}
         self._finished: queue.SimpleQueue[HelionFuture] = queue.SimpleQueue()
-        self._views: dict[tuple[str, float], PrecompileExecutor] = {}
+        self._views: dict[tuple[str, float], Any] = {}
         self._all: list[HelionFuture] = []
         self._handed = 0
         self._input_closed = False
@@ -372,7 +402,7 @@ class Stream:
         with self._lock:
             self._closed = True
             self._waiting.clear()
-            running = list(self._running)
+            running = [hf.task_future or future for future, hf in self._running.items()]
         _kill(running)
         now = time.time()
         for hf in self._all:
@@ -384,9 +414,10 @@ class Stream:
     def _note_starts(self) -> None:
         now = time.time()
         with self._lock:
-            running = list(self._running.items())
-        for future, hf in running:
-            if hf.start_time is None and future.running():
+            running = list(self._running.values())
+        for hf in running:
+            task = hf.task_future
+            if hf.start_time is None and task is not None and task.running():
                 hf.start_time = now  # refined from the worker's own clock on success/timeout
 
     def _submit_more(self) -> None:
@@ -410,8 +441,14 @@ class Stream:
     def _submit(self, hf: HelionFuture) -> Future[Any]:
         view = self._views.get((hf.path, hf.timeout))
         if view is None:
-            view = self._executor.options(timeout=hf.timeout, path=hf.path, with_output=True)
+            if hf.path == "cluster":  # a node's pool runs it; the result is the compiled kernel
+                view = self._executor.options(timeout=hf.timeout)
+            else:
+                view = self._executor.options(timeout=hf.timeout, path=hf.path, with_output=True)
             self._views[(hf.path, hf.timeout)] = view
+        if hf.path == "cluster":
+            hf.job = _cluster_task.submit(view, hf.task)
+            return hf.job.future  # type: ignore[no-any-return]
         if hf.path == "spawn":
             task: Any = run_once(hf.task, self._shared[id(hf.ctx.args)], label=hf.decorator)
         else:
@@ -425,10 +462,11 @@ class Stream:
                 return
             hf.end_time = time.time()
             self._finished.put(hf)
-            # Spawn tasks are sends: refill the window from here, while the autotuner is busy
-            # benchmarking. The fork path forks the caller; it forks only on the autotuner's
-            # thread, as Helion's own fork mode does (add() and settled() refill it).
-            if self._waiting and self._waiting[0].path == "spawn":
+            # Spawn and cluster tasks are sends: refill the window from here, while the
+            # autotuner is busy benchmarking. The fork path forks the caller; it forks only on
+            # the autotuner's thread, as Helion's own fork mode does (add() and settled()
+            # refill it).
+            if self._waiting and self._waiting[0].path != "fork":
                 self._submit_more()
 
 
@@ -448,6 +486,15 @@ def _settle(hf: HelionFuture) -> None:
         hf.ok, hf.failure_reason = False, "error"
         return
     error = hf.future.exception()
+    if error is None and hf.path == "cluster":
+        artifacts = hf.job.artifacts
+        if artifacts is None:  # the caller's cache had it: nothing ran, nothing to wait for
+            hf.start_time = hf.end_time
+        else:
+            hf.start_time = hf.end_time - artifacts.compile_time_s
+            hf.process = TaskProcess(artifacts.worker_pid, hf.path)
+        hf.ok, hf.failure_reason = True, "ok"
+        return
     if error is None:
         result: TaskResult = hf.future.result()
         hf.start_time = hf.end_time - result.elapsed_s

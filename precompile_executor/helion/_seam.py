@@ -33,8 +33,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import PrecompileExecutor
+from .._cluster_executor import ClusterExecutor
 from . import _bench_worker, _warm
+from ._errors import UnsupportedHelionError as UnsupportedHelionError  # the seam's API
 from ._state import STATE, Originals
+from ._warm import HelionExecutor
 from ._warm import current_executor as current_executor  # re-exported: the seam's API
 from ._warm import uses as uses
 
@@ -170,14 +173,6 @@ _CODE_USES = (
         )
     ),
 )
-
-
-class UnsupportedHelionError(RuntimeError):
-    """The installed Helion is not one whose precompile seam this integration knows.
-
-    Nothing was patched. The message names what differs; pin ``helion==1.5.1`` (the
-    ``precompile-executor[helion]`` extra does) or run Helion without this integration.
-    """
 
 
 def helion_version() -> str:
@@ -392,12 +387,15 @@ def installed() -> bool:
     return STATE.active()
 
 
-def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
+def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
     """Everything before a holder joins the scope: the head starts, the check, the default
     executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
     patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
-    if executor is not None and not isinstance(executor, PrecompileExecutor):
-        raise TypeError(f"executor must be a PrecompileExecutor, got {type(executor).__name__}")
+    if executor is not None and not isinstance(executor, PrecompileExecutor | ClusterExecutor):
+        raise TypeError(
+            "executor must be a PrecompileExecutor or a cluster executor (fork mode only), got "
+            f"{type(executor).__name__}"
+        )
     with STATE.lock:
         STATE.arriving += 1  # a concurrent last exit leaves a spare started here alone
     try:
@@ -436,7 +434,7 @@ def _arrive(executor: PrecompileExecutor | None, *, process_wide: bool) -> Any:
 
 
 @contextlib.contextmanager
-def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecutor]:
+def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
     """Within the block, Helion's autotunes precompile on ``executor`` and benchmark each config
     as soon as its precompile lands.
 
@@ -448,7 +446,10 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     exit in any order; the last holder to leave puts Helion's methods back, also on an exception.
 
     Helion's ``autotune_precompile="fork"`` runs each config's compile on the executor's fork
-    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. Without an
+    path; ``"spawn"`` runs each config once on the executor's warm spawn workers. A cluster
+    executor (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``) takes fork mode only: each
+    compile runs on a node for this process's GPU and its files come back here; spawn mode is
+    refused there (docs/helion.md, "On a cluster"). Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
     the background at once. An autotune in the block starts Helion's benchmark subprocess when
@@ -466,7 +467,9 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version (nothing is
             patched).
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
+        TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
+            executor (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``: fork mode's
+            compiles run on its nodes, spawn mode is refused; docs/helion.md, "On a cluster").
     """
     block, resolved = _arrive(executor, process_wide=False)
     try:
@@ -476,7 +479,7 @@ def use(executor: PrecompileExecutor | None = None) -> Iterator[PrecompileExecut
         STATE.discard_doomed()
 
 
-def install(executor: PrecompileExecutor | None = None) -> None:
+def install(executor: HelionExecutor | None = None) -> None:
     """Make every later Helion autotune in this process, on any thread, precompile on
     ``executor`` (default: the process's executor for Helion, as :func:`use` builds it) where no
     :func:`use` block is open (docs/helion.md, "Which executor: the scope rule").
@@ -490,7 +493,8 @@ def install(executor: PrecompileExecutor | None = None) -> None:
 
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
-        TypeError: ``executor`` is not a :class:`PrecompileExecutor`.
+        TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
+            executor (as in :func:`use`).
     """
     _arrive(executor, process_wide=True)
 

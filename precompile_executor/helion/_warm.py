@@ -47,13 +47,19 @@ import time
 from typing import Any
 
 from .. import PrecompileExecutor
+from .._cluster_executor import ClusterExecutor
 from . import _bench_worker
 from ._state import OFF, STATE
 
 log = logging.getLogger("precompile_executor.helion")
 
 
-def current_executor() -> PrecompileExecutor:
+HelionExecutor = PrecompileExecutor | ClusterExecutor[Any]
+"""What Helion's precompiles run on: a local executor (fork and spawn mode) or a cluster
+executor (fork mode's compiles on the nodes: docs/helion.md, "On a cluster")."""
+
+
+def current_executor() -> HelionExecutor:
     """The executor an autotune starting now, on this thread, precompiles on: the innermost
     open ``use()`` block of this context, else the newest open block anywhere, else
     ``install()``'s (the scope rule); ``None`` there is the default executor.
@@ -71,7 +77,7 @@ def current_executor() -> PrecompileExecutor:
     return default_executor() if executor is None else executor
 
 
-def uses(executor: PrecompileExecutor) -> bool:
+def uses(executor: HelionExecutor) -> bool:
     """Whether ``executor`` is the one an autotune starting now, on this thread, uses."""
     found = STATE.executor()
     if found is None:
@@ -328,7 +334,7 @@ def warm_up_times() -> dict[str, float]:
         return dict(STATE.times)
 
 
-def is_default(executor: PrecompileExecutor) -> bool:
+def is_default(executor: HelionExecutor) -> bool:
     """Whether ``executor`` is the process's executor for Helion that this module built."""
     with STATE.lock:
         return executor is STATE.default

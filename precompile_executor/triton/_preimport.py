@@ -81,7 +81,12 @@ def announce(executor: Executor, modules: Iterable[str | None]) -> None:
     workers = getattr(executor, "max_workers", None)
     options = getattr(executor, "options", None)
     if not isinstance(workers, int) or not callable(options):
-        return  # a stdlib pool (threads share this process's imports) or an unknown executor
+        # A stdlib pool (threads share this process's imports), an unknown executor, or a
+        # cluster executor (no ``max_workers``): a cluster places a task on any node and any of
+        # its pool's workers, so one import task per slot would not reach every worker, and
+        # each node's pool imports a module once per worker in its first config of it anyway
+        # (docs/triton.md, "On a cluster").
+        return
     try:
         submit = options(priority=PREIMPORT_PRIORITY).submit
         for _ in range(workers):
