@@ -264,6 +264,13 @@ import psutil
 seen = {}
 
 
+def command(p):  # "" for a process that is gone, or dead and not yet reaped (a zombie)
+    try:
+        return "" if p.status() == psutil.STATUS_ZOMBIE else " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ""
+
+
 class Spy(importlib.abc.MetaPathFinder):
     # when this process's `import helion` has run: which of its child processes exist
 
@@ -277,7 +284,7 @@ class Spy(importlib.abc.MetaPathFinder):
         def exec_module(module):
             real(module)
             kids = psutil.Process().children(recursive=True)
-            seen["children"] = [" ".join(p.cmdline()) for p in kids]
+            seen["children"] = [c for c in map(command, kids) if c]
 
         spec.loader.exec_module = exec_module
         return spec
@@ -292,14 +299,14 @@ if sys.argv[1] == "refuse":
     except peh.UnsupportedHelionError as error:
         out["refused"] = str(error)
     def left():  # the template and workers; not the process-wide helpers (trackers, guardian)
-        procs = psutil.Process().children(recursive=True)
         helpers = ("resource_tracker", "signal.SIG_IGN")
-        return [p for p in procs if not any(h in " ".join(p.cmdline()) for h in helpers)]
+        commands = [command(p) for p in psutil.Process().children(recursive=True)]
+        return [c for c in commands if c and not any(h in c for h in helpers)]
 
     deadline = time.monotonic() + 60
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
-    out["children_left"] = [" ".join(p.cmdline())[:200] for p in left()]
+    out["children_left"] = [c[:200] for c in left()]
     out["default"] = repr(peh.state.default)
 else:
     peh.install()
