@@ -1,4 +1,5 @@
-"""GPU-machine probe: can a worker forked from a template still use CUDA? (for issues 12 and 13)
+"""GPU-machine probe: can a worker forked from a template still use CUDA? (docs/gpu-runs.md,
+"Workers forked after CUDA's driver thread")
 
     python -m benchmarks.gpu_fork_probe            # prints one line per case, then a verdict
 
