@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -155,3 +157,17 @@ def check_resources(value: object, name: str = "resources") -> tuple[tuple[str, 
             raise ValueError(f"{name}[{key!r}] must be a number >= 0, got {amount!r}")
         items.append((key, float(amount)))
     return tuple(sorted(items))
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution`` (e.g. ``"3.6.0"``), from its metadata, else
+    from the module's ``__version__`` (a source checkout has no metadata)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return str(importlib.import_module(distribution).__version__)
+
+
+def release_series(version: str) -> str:
+    """``"major.minor"`` of a version string: ``"2.13.0+cpu"`` → ``"2.13"``."""
+    return ".".join(version.split("+")[0].split(".")[:2])

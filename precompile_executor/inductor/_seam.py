@@ -25,7 +25,6 @@ thread compiles.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import inspect
 import types
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .._scope import OFF
+from .._validate import installed_version, release_series
 from . import _compiles, _default
 from ._state import STATE
 
@@ -50,12 +50,7 @@ class UnsupportedTorchError(RuntimeError):
 
 def torch_version() -> str:
     """Return the installed torch's version, e.g. ``"2.13.0+cpu"``."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        import torch
-
-        return str(torch.__version__)
+    return installed_version("torch")
 
 
 def check_torch(*, version: str | None = None) -> None:
@@ -69,7 +64,7 @@ def check_torch(*, version: str | None = None) -> None:
             name; the message says which, and that nothing was patched.
     """
     found = torch_version() if version is None else version
-    series = ".".join(found.split("+")[0].split(".")[:2])
+    series = release_series(found)
     if series not in SUPPORTED_TORCH_SERIES:
         raise UnsupportedTorchError(
             f"precompile_executor.inductor supports torch "

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib.metadata
 import inspect
 import types
 from collections.abc import Iterator
@@ -47,6 +46,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .._scope import OFF
+from .._validate import installed_version, release_series
 from . import _autotune_tune as _tune
 from ._errors import UnsupportedTritonError
 from ._state import STATE
@@ -63,12 +63,7 @@ _JIT_RUN_PARAMS = ("self", "args", "grid", "warmup", "kwargs")
 
 def triton_version() -> str:
     """Return the installed Triton's version, e.g. ``"3.6.0"``."""
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        import triton
-
-        return str(triton.__version__)
+    return installed_version("triton")
 
 
 def check_triton(*, version: str | None = None) -> None:
@@ -82,7 +77,7 @@ def check_triton(*, version: str | None = None) -> None:
             name; the message says which, and that nothing was patched.
     """
     found = triton_version() if version is None else version
-    series = ".".join(found.split("+")[0].split(".")[:2])
+    series = release_series(found)
     if series not in SUPPORTED_TRITON_SERIES:
         raise UnsupportedTritonError(
             f"precompile_executor.triton.autotune supports Triton "
