@@ -30,7 +30,8 @@ Why these libraries (pure Triton, on the package index, ``pip download --no-deps
 wheels need no compiler):
 
 * ``fla`` — ``fla-core`` (flash-linear-attention's ops, 0.6.0; needs ``einops``): its chunked
-  simple-GLA layer, ``fla.ops.simple_gla.chunk_simple_gla``, whose forward and backward run
+  simple-GLA layer with a per-head decay, ``fla.ops.simple_gla.chunk_simple_gla``, whose forward
+  and backward run
   about ten ``@triton.autotune`` kernels from ``fla.ops.common`` and ``fla.ops.utils`` (4 to 36
   configs each, several with ``num_stages``/``num_warps`` grids): the shape of a model library
   where many small, differently shaped kernels each tune on first use, half of them in backward.
@@ -81,20 +82,26 @@ RUN_TIMEOUT_S = 300.0
 
 
 def _fla_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
-    """fla-core's chunked simple GLA: B=4, T=2048, H=8, K=V=128, bf16."""
+    """fla-core's chunked simple GLA with a per-head decay: B=4, T=2048, H=8, K=V=128, bf16.
+
+    The decay is ``g_gamma`` (one log-decay per head, as RetNet's retention), not a gate per
+    token (``g``): fla 0.6.0 refuses its gated ``chunk_bwd_dqkwg`` on Hopper with Triton
+    3.4–3.7.0 (``fla/ops/common/chunk_o.py``, fla issue #640), and the device runs Triton 3.6.
+    """
     import torch
-    import torch.nn.functional as F
     from fla.ops.simple_gla import chunk_simple_gla
 
     torch.manual_seed(0)
     b, t, h, d = 4, 2048, 8, 128
     dev, dt = "cuda", torch.bfloat16
     q, k, v = (torch.randn(b, t, h, d, device=dev, dtype=dt, requires_grad=True) for _ in "qkv")
-    g = F.logsigmoid(torch.randn(b, t, h, device=dev, dtype=torch.float32)).requires_grad_()
+    # Head i keeps 1 - 2**-(5 + i) of its state per step: decays from 0.97 to 0.9998.
+    heads = torch.arange(h, device=dev, dtype=torch.float32)
+    g_gamma = torch.log1p(-torch.exp2(-5.0 - heads))
     do = torch.randn(b, t, h, d, device=dev, dtype=dt)
 
     def forward() -> Any:
-        return chunk_simple_gla(q, k, v, g=g)[0]
+        return chunk_simple_gla(q, k, v, g_gamma=g_gamma)[0]
 
     def backward(out: Any) -> None:
         out.backward(do)
