@@ -105,9 +105,7 @@ _SIGINT_RAISES = "import signal; signal.signal(signal.SIGINT, signal.default_int
 
 def _script(body: str, tmp_path: Path) -> subprocess.Popen[str]:
     code = (
-        _SIGINT_RAISES
-        + f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n"
-        + textwrap.dedent(body)
+        _SIGINT_RAISES + f"import sys; sys.path.insert(0, {TESTS_DIR!r})\n" + textwrap.dedent(body)
     )
     script = tmp_path / "parent.py"
     script.write_text(code)
