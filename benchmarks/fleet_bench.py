@@ -567,7 +567,7 @@ class LoopbackCluster:
 
     def worker_pid(self, i: int) -> int | None:
         """The pid the scheduler's node ``i`` reports (None until it has joined)."""
-        found = self.client.run(os.getpid)
+        found = self.client.run(os.getpid, on_error="return")
         pid = self.workers[i].pid
         return pid if pid in found.values() else None
 
@@ -678,8 +678,10 @@ def run_one(
     args: argparse.Namespace,
     cluster: LoopbackCluster | None,
     scratch: Path,
+    more: bool,
 ) -> dict[str, Any]:
-    """Run one scenario in a fresh interpreter with a cold Triton cache; its row."""
+    """Run one scenario in a fresh interpreter with a cold Triton cache; its row. After a node
+    loss, node 0 is started again, and warmed if ``more`` runs follow."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"{scenario}-{mode}-", dir=scratch))
     out = run_dir / "row.json"
     marker = run_dir / "kill-now"
@@ -699,19 +701,27 @@ def run_one(
     with open(run_dir / "output.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
-        killed = False
-        deadline = start + args.timeout
-        while proc.poll() is None and time.perf_counter() < deadline:
-            if scenario == "node-loss" and not killed and marker.exists() and cluster is not None:
-                row["killed_pid"] = cluster.kill_worker(0)
-                row["killed_at_s"] = round(time.perf_counter() - start, 3)
-                killed = True
-            time.sleep(0.02)
-        timed_out = proc.poll() is None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
-        proc.wait()
-    row["process_s"] = round(time.perf_counter() - start, 3)
+        killed = timed_out = False
+        try:
+            if scenario != "node-loss" or cluster is None:
+                try:
+                    proc.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+            else:
+                deadline = start + args.timeout
+                while proc.poll() is None and not (timed_out := time.perf_counter() > deadline):
+                    if not killed and marker.exists():
+                        row["killed_pid"] = cluster.kill_worker(0)
+                        row["killed_at_s"] = round(time.perf_counter() - start, 3)
+                        killed = True
+                    time.sleep(0.005)
+            ended = time.perf_counter()
+        finally:  # a time-out, or the parent interrupted: the run goes with all it started
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
+            proc.wait()
+    row["process_s"] = round(ended - start, 3)
     if out.exists():
         row.update(json.loads(out.read_text()))
     else:
@@ -720,7 +730,8 @@ def run_one(
     if scenario == "node-loss" and cluster is not None:
         if killed:
             cluster.restart_worker(0)
-        row["rewarm"] = cluster.warm(args.target)
+        if more:
+            row["rewarm"] = cluster.warm(args.target)
     shutil.rmtree(run_dir, ignore_errors=True)
     return row
 
@@ -981,8 +992,9 @@ def main(argv: list[str] | None = None) -> int:
                 stamp = f"[{time.perf_counter() - started:6.1f}s]"
                 print(f"{stamp} cluster {json.dumps(info['cluster'])}; warm {info['warm']}")
             for round_ in range(args.rounds):  # interleaved: a drifting machine moves all alike
-                for scenario, mode in plan:
-                    row = run_one(scenario, mode, args, cluster, scratch)
+                for i, (scenario, mode) in enumerate(plan):
+                    more = round_ + 1 < args.rounds or i + 1 < len(plan)
+                    row = run_one(scenario, mode, args, cluster, scratch, more)
                     row["round"] = round_ + 1
                     rows.append(row)
                     with open(runs_path, "a") as f:
