@@ -96,9 +96,10 @@ PER_TASK_COST_TARGET = 0.05
 BEST_WITHIN = 0.02
 """A best config other than stock's passes when stock timed it within this of its own best."""
 WORKER_NICENESS = 10
-"""The dask workers' niceness: that of the local executor's workers
-(``precompile_executor.triton._prewarm.WORKER_NICENESS``), so both modes' compiles compete alike
-with the caller's benchmarks on this one machine (CPU nodes elsewhere would not compete)."""
+"""The dask workers' niceness, which their pools' workers inherit: that of the local executor's
+workers (``precompile_executor.triton._prewarm.WORKER_NICENESS``), so both modes' compiles
+compete alike with the caller's benchmarks on this one machine (CPU nodes elsewhere would not).
+The scheduler, a cluster's head rather than a node, runs at the caller's priority."""
 LOOPBACK = frozenset({"127.0.0.1", "::ffff:127.0.0.1"})
 PLAN = (
     ("gemm", "stock"),
@@ -502,10 +503,10 @@ class LoopbackCluster:
         self.client: Any = None
         self.started: list[int] = []  # every pid this cluster started
 
-    def _spawn(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], log: str, niceness: int = 0) -> subprocess.Popen[bytes]:
         with open(self.workdir / log, "ab") as out:
             proc = subprocess.Popen(
-                ["nice", "-n", str(WORKER_NICENESS), sys.executable, "-m", *argv],
+                ["nice", "-n", str(niceness), sys.executable, "-m", *argv],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -548,6 +549,7 @@ class LoopbackCluster:
              "--memory-limit", "0", "--death-timeout", "60",
              "--local-directory", str(self.workdir / f"node-{i}")],
             f"node-{i}.log",
+            WORKER_NICENESS,
         )  # fmt: skip
 
     def kill_worker(self, i: int) -> int:
@@ -619,6 +621,7 @@ class LoopbackCluster:
                         bad.append(f"{name} (pid {proc.pid}): {c.status} {c.laddr} -> {c.raddr}")
         return {
             "scheduler": self.address,
+            "cluster_pids_on_the_gpu": _on_the_gpu({p.pid for p in self.processes()}),
             "nodes": self.client.nthreads(),
             "cuda_visible_devices": self.client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES")),
             "listening": listening,
@@ -643,6 +646,21 @@ class LoopbackCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=TEARDOWN_S)
+
+
+def _on_the_gpu(pids: set[int]) -> list[int] | None:
+    """Which of ``pids`` hold a CUDA context, by ``nvidia-smi`` (None: no ``nvidia-smi``)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted(pids & {int(p) for p in out.split() if p.isdigit()})
 
 
 def become_subreaper() -> bool:
@@ -1016,7 +1034,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     text = report(rows, info, args.cpu_smoke)
     after = info.get("cluster_after", {})
+    on_gpu = after.get("cluster_pids_on_the_gpu")
     lines = [
+        f"* {'n/a' if on_gpu is None else 'MISSED' if on_gpu else 'MET'}: no cluster process "
+        f"holds a CUDA context after the runs (nvidia-smi) — {on_gpu if on_gpu else 'none'}",
         f"* {'MET' if not after.get('non_loopback_sockets') else 'MISSED'}: every cluster "
         f"socket on 127.0.0.1 after the runs — {after.get('non_loopback_sockets') or 'none other'}",
         f"* {'MET' if not info['left_behind'] else 'MISSED'}: no process left after the teardown "
