@@ -564,12 +564,20 @@ class LoopbackCluster:
         return proc.pid
 
     def restart_worker(self, i: int) -> None:
-        """Start node ``i`` again and wait until the scheduler has every node."""
-        self.start_worker(i)
+        """Start node ``i`` again, once the scheduler has dropped the old one (a worker joining
+        under a name still registered is refused), and wait until the scheduler has every node."""
         deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
-        while len(self.client.nthreads()) != self.nodes or self.worker_pid(i) is None:
+        while len(self.client.nthreads()) >= self.nodes:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node-{i} did not rejoin in {CLUSTER_START_TIMEOUT_S:g} s")
+                raise RuntimeError(f"the scheduler still lists the killed node-{i}")
+            time.sleep(0.1)
+        self.start_worker(i)
+        while len(self.client.nthreads()) != self.nodes or self.worker_pid(i) is None:
+            if self.workers[i].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"node-{i} did not rejoin (exit status {self.workers[i].poll()}); see "
+                    f"{self.workdir}/node-{i}.log"
+                )
             time.sleep(0.1)
 
     def worker_pid(self, i: int) -> int | None:
@@ -633,23 +641,24 @@ class LoopbackCluster:
         }
 
     def close(self) -> None:
-        """Stop the workers, then the scheduler: SIGTERM, then SIGKILL after ``TEARDOWN_S``."""
+        """Stop the workers, then the scheduler (a worker closes talking to it): SIGTERM, then
+        SIGKILL of its group after ``TEARDOWN_S``."""
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.close(timeout=10)
-        for proc in [*self.workers.values(), self.scheduler]:
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.terminate()
-        for proc in [*self.workers.values(), self.scheduler]:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=TEARDOWN_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=TEARDOWN_S)
+        for wave in (list(self.workers.values()), [self.scheduler]):
+            for proc in wave:
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+            for proc in wave:
+                if proc is None:
+                    continue
+                try:
+                    proc.wait(timeout=TEARDOWN_S)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=TEARDOWN_S)
 
 
 def _on_the_gpu(pids: set[int]) -> list[int] | None:
@@ -1041,6 +1050,10 @@ def main(argv: list[str] | None = None) -> int:
                     info["cluster_after"] = cluster.describe()
             cluster.close()
         info["left_behind"] = leftovers(TEARDOWN_S)
+        info["cluster_logs"] = {  # their ends, for a reader of a failed run
+            log.name: log.read_text(errors="replace").splitlines()[-30:]
+            for log in sorted(scratch.glob("*.log"))
+        }
         shutil.rmtree(scratch, ignore_errors=True)
     text = report(rows, info, args.cpu_smoke)
     after = info.get("cluster_after", {})
