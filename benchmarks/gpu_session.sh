@@ -16,8 +16,11 @@
 #     liger-kernel==0.8.5`: pure-Python wheels)
 #   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
 #     (carry in .whl what the image lacks, made here by `pip download --no-deps --only-binary=:all:
-#     --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl dask==2026.8.0
-#     distributed==2026.8.0 tornado==6.6.1 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0`)
+#     --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
+#     manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d .whl dask==2026.8.0
+#     distributed==2026.8.0 tornado==6.6.1 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0`;
+#     the rest of their needs — click, cloudpickle, fsspec, jinja2, msgpack, psutil, pyyaml,
+#     sortedcontainers, toolz — are in the image)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
