@@ -811,15 +811,16 @@ def checks(rows: list[dict[str, Any]], smoke: bool) -> list[str]:
     def mark(ok: bool | None) -> str:
         return "n/a" if ok is None else ("MET" if ok else "MISSED")
 
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"MISSED: {r['scenario']} {r['mode']} (round {r.get('round')}) ran to the end — "
+                f"{r['error'][-200:]!r}"
+            )
     reference = "local" if smoke else "stock"
     ref = [r for r in rows if r["scenario"] == "gemm" and r["mode"] == reference and "best" in r]
     for r in rows:
-        if r["scenario"] not in ("gemm", "node-loss") or r["mode"] == reference:
-            continue
-        if "best" not in r:
-            lines.append(
-                f"MISSED: {r['scenario']} {r['mode']} ran to the end ({r.get('error')!r:.200})"
-            )
+        if r["scenario"] not in ("gemm", "node-loss") or r["mode"] == reference or "best" not in r:
             continue
         same = bool(ref) and r["best"] == ref[-1]["best"]
         ok: bool | None = same if ref else None
@@ -868,10 +869,12 @@ def checks(rows: list[dict[str, Any]], smoke: bool) -> list[str]:
     for mode in ("local", "cluster"):
         if mode in helion and "native" in helion:
             same = helion[mode]["best"] == helion["native"]["best"]
-            ratio = helion[mode].get("best_ms", 0) / (helion["native"].get("best_ms") or 1)
+            mine, native = helion[mode].get("best_ms"), helion["native"].get("best_ms")
+            ratio = mine / native if mine and native else None
             lines.append(
-                f"{mark(same or ratio <= 1 + BEST_WITHIN)}: helion {mode} best config as "
-                f"native's — {'the same' if same else 'another'}, its time {ratio:.3f}× native's"
+                f"{mark(same or (ratio is not None and ratio <= 1 + BEST_WITHIN))}: helion "
+                f"{mode} best config as native's — {'the same' if same else 'another'}"
+                + ("" if ratio is None else f", its time {ratio:.3f}× native's best")
             )
     return lines
 
