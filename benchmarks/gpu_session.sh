@@ -14,6 +14,13 @@
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
+#   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
+#     (carry in .whl what the image lacks, made here by `pip download --no-deps --only-binary=:all:
+#     --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform
+#     manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 -d .whl dask==2026.8.0
+#     distributed==2026.8.0 tornado==6.6.1 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0`;
+#     the rest of their needs — click, cloudpickle, fsspec, jinja2, msgpack, psutil, pyyaml,
+#     sortedcontainers, toolz — are in the image)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +30,10 @@ export PYTHONUNBUFFERED=1
 wheels=(.whl/loky-*.whl)
 ls .whl/helion-*.whl >/dev/null 2>&1 && wheels+=(.whl/helion-*.whl .whl/filecheck-*.whl)
 python3 -c "import packaging" 2>/dev/null || wheels+=(.whl/packaging-*.whl)
+if [ "${1:-tests}" = fleet ]; then
+  python3 -c "import distributed" 2>/dev/null || wheels+=(.whl/dask-*.whl .whl/distributed-*.whl \
+    .whl/tornado-*.whl .whl/partd-*.whl .whl/locket-*.whl .whl/tblib-*.whl .whl/zict-*.whl)
+fi
 if [ "${1:-tests}" = libraries ]; then
   wheels+=(.whl/fla_core-*.whl .whl/liger_kernel-*.whl)
   python3 -c "import einops" 2>/dev/null || wheels+=(.whl/einops-*.whl)
@@ -117,6 +128,16 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  fleet)
+    # benchmarks/fleet_bench.py: a dask scheduler and 2 workers × 8 threads on 127.0.0.1 with
+    # CUDA hidden serve a 48-config @triton.autotune GEMM and a Helion autotune (stock/native,
+    # use(), use(cluster)), then a node SIGKILLed mid-tune. Each run's row is appended to
+    # $OUT/fleet-runs.jsonl as it ends. FLEET_ROUNDS (1), FLEET_ONLY ("gemm,node-loss"),
+    # FLEET_MODES ("stock,cluster"), FLEET_RUN_TIMEOUT (s per run, 180).
+    timeout "${FLEET_TIMEOUT:-560}" python3 -m benchmarks.fleet_bench --out-dir "$OUT" \
+      --rounds "${FLEET_ROUNDS:-1}" --timeout "${FLEET_RUN_TIMEOUT:-180}" \
+      ${FLEET_ONLY:+--only $FLEET_ONLY} ${FLEET_MODES:+--modes $FLEET_MODES} \
+      2>&1 | tee "$OUT/fleet-bench.log" | tail -60 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"
