@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh inductor-probe  # torch.compile max-autotune: where the time goes,
+#     stock vs use() (benchmarks.inductor_probe; everything under $OUT/inductor-probe as it goes)
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
 # Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
@@ -117,6 +119,9 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  inductor-probe)
+    timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
+      2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"
