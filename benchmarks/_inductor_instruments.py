@@ -90,14 +90,25 @@ def _make_precompile_fn(original: Callable[..., Any]) -> Callable[..., Any]:
             _LOCAL.submitting = False
             _add("precompile.submit", time.perf_counter() - start)
 
-        def wait() -> Any:
-            began = time.perf_counter()
-            try:
-                return precompile()
-            finally:
-                _add("precompile.wait", time.perf_counter() - began)
+        def timed_wait(fn: Callable[[], Any]) -> Callable[[], Any]:
+            def wait() -> Any:
+                began = time.perf_counter()
+                try:
+                    return fn()
+                finally:
+                    _add("precompile.wait", time.perf_counter() - began)
 
-        return functools.wraps(precompile)(wait) if callable(precompile) else precompile
+            return wait
+
+        if callable(getattr(precompile, "fn", None)):
+            # torch 2.13: a PrecompileFunction object that Inductor keeps using; time its fn.
+            precompile.fn = timed_wait(precompile.fn)
+            return precompile
+        return (
+            functools.wraps(precompile)(timed_wait(precompile))
+            if callable(precompile)
+            else precompile
+        )
 
     return make_precompile_fn
 
