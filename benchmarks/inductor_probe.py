@@ -17,7 +17,9 @@ Written under ``--out-dir`` as it goes, so a time-out loses nothing finished:
   still running a few seconds before its limit, every thread's stack (``faulthandler``);
 * ``VARIANT-progress.json`` — the instruments' counters, rewritten every few seconds;
 * ``VARIANT-profile.txt`` / ``.prof`` — ``cProfile`` of the caller's compile and first call
-  (the main thread): top 25 by cumulative time and top 25 by own time, and the raw stats;
+  (the main thread; on Python 3.12 ``cProfile`` sees every thread): top 25 by cumulative time
+  and top 25 by own time, and the raw stats; ``VARIANT-profile-partial.txt``: the same, so
+  far, if the compile still runs a few seconds before the limit;
 * ``VARIANT.json`` — the record: whole wall, the breakdown, the seam's compile counts, the
   caller's Triton compiles (cache hits and misses), ``compilation_time_metrics``, the ``ptxas``
   the caller and a worker use, a census of the Triton cache;
@@ -32,6 +34,7 @@ import faulthandler
 import io
 import json
 import pstats
+import signal
 import sys
 import threading
 import time
@@ -88,22 +91,49 @@ def _progress(path: Path, started: float, stop: threading.Event) -> None:
         _write(path, json.dumps(snapshot, indent=1))
 
 
-def _profiled(out_dir: Path, variant: str) -> Callable[[Callable[[], Any]], Any]:
+def _profile_text(profile: cProfile.Profile, variant: str, note: str = "") -> str:
+    text = io.StringIO()
+    for order in ("cumulative", "tottime"):
+        text.write(f"== top {PROFILE_ROWS} by {order} ({variant}, the caller's compile{note})\n")
+        stats = pstats.Stats(profile, stream=text)
+        stats.strip_dirs().sort_stats(order).print_stats(PROFILE_ROWS)
+    return text.getvalue()
+
+
+def _profiled(
+    out_dir: Path, variant: str, partial_at: float | None
+) -> Callable[[Callable[[], Any]], Any]:
+    """Run the compile under ``cProfile``; if it is still running at ``partial_at``
+    (``time.perf_counter()``, a few seconds before the child's limit), write the profile so
+    far too (SIGALRM: its handler runs on the main thread, between two bytecodes)."""
+
     def run(fn: Callable[[], Any]) -> Any:
         profile = cProfile.Profile()
+        began = time.perf_counter()
+
+        def partial(signum: int, frame: Any) -> None:
+            profile.disable()
+            try:
+                note = f", PARTIAL: still compiling after {time.perf_counter() - began:.0f} s"
+                text = _profile_text(profile, variant, note)
+                _write(out_dir / f"{variant}-profile-partial.txt", text)
+                print(text, flush=True)
+            finally:
+                profile.enable()
+
+        if partial_at is not None:
+            signal.signal(signal.SIGALRM, partial)
+            signal.setitimer(signal.ITIMER_REAL, max(0.5, partial_at - time.perf_counter()))
         profile.enable()
         try:
             return fn()
         finally:
             profile.disable()
+            signal.setitimer(signal.ITIMER_REAL, 0)
             profile.dump_stats(str(out_dir / f"{variant}-profile.prof"))
-            text = io.StringIO()
-            for order in ("cumulative", "tottime"):
-                text.write(f"== top {PROFILE_ROWS} by {order} ({variant}, caller's main thread)\n")
-                stats = pstats.Stats(profile, stream=text)
-                stats.strip_dirs().sort_stats(order).print_stats(PROFILE_ROWS)
-            _write(out_dir / f"{variant}-profile.txt", text.getvalue())
-            print(text.getvalue(), flush=True)
+            text = _profile_text(profile, variant)
+            _write(out_dir / f"{variant}-profile.txt", text)
+            print(text, flush=True)
 
     return run
 
@@ -112,8 +142,9 @@ def child(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """One variant in this (fresh) process: compile under the profiler; return the record."""
     started = time.perf_counter()
     variant = spec["variant"]
-    if spec.get("stacks_after_s"):
-        faulthandler.dump_traceback_later(spec["stacks_after_s"], exit=False)
+    late = spec.get("stacks_after_s")
+    if late:
+        faulthandler.dump_traceback_later(late, exit=False)
     stop = threading.Event()
     progress = threading.Thread(
         target=_progress,
@@ -123,7 +154,8 @@ def child(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     )
     progress.start()
     try:
-        record = inductor_bench.child(spec, _build, _profiled(out_dir, variant))
+        partial_at = started + late if late else None
+        record = inductor_bench.child(spec, _build, _profiled(out_dir, variant, partial_at))
     finally:
         stop.set()
         faulthandler.cancel_dump_traceback_later()
