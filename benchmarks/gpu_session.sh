@@ -120,8 +120,9 @@ case "${1:-tests}" in
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
   inductor-probe)
+    # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed.
     timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
-      2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
+      ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"

@@ -201,6 +201,7 @@ def child(
     spec: dict[str, Any],
     build: Callable[[dict[str, Any]], tuple[Any, Any]] | None = None,
     around_compile: Callable[[Callable[[], Any]], Any] | None = None,
+    before_use: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Compile and check one model in this (fresh) process; return its record.
 
@@ -209,6 +210,7 @@ def child(
         build: returns (model, input) for ``spec``; default: this module's models.
         around_compile: runs the compile and first call (a function of no arguments) and
             returns its result, e.g. under a profiler; default: calls it.
+        before_use: called just before ``use()`` (a variant whose name starts with ``ours``).
     """
     started = time.perf_counter()
     import torch
@@ -232,8 +234,11 @@ def child(
         return out
 
     with torch.no_grad():
-        if spec["variant"] == "ours":
+        if spec["variant"].startswith("ours"):
             import precompile_executor.inductor as pe_inductor
+
+            if before_use is not None:
+                before_use()
 
             entered = time.perf_counter()
             with pe_inductor.use() as executor:

@@ -44,7 +44,11 @@ from typing import Any
 
 from benchmarks import inductor_bench
 
-VARIANTS = ("ours", "stock")
+VARIANTS = ("ours", "stock", "ours-before")
+"""``ours-before``: ``use()`` without the two things that keep the caller from compiling again
+what the workers compiled (a template choice's kernel landing where benchmarking runs it; the
+caller's Triton on the workers' ``ptxas``): what ``use()`` did when max-autotune was 2x stock."""
+DEFAULT_VARIANTS = ("ours", "stock")
 PROGRESS_INTERVAL_S = 5.0
 """How often a child rewrites its progress file."""
 STACKS_BEFORE_LIMIT_S = 6.0
@@ -155,7 +159,12 @@ def child(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     progress.start()
     try:
         partial_at = started + late if late else None
-        record = inductor_bench.child(spec, _build, _profiled(out_dir, variant, partial_at))
+        record = inductor_bench.child(
+            spec,
+            _build,
+            _profiled(out_dir, variant, partial_at),
+            _without_landing if variant == "ours-before" else None,
+        )
     finally:
         stop.set()
         faulthandler.cancel_dump_traceback_later()
@@ -166,6 +175,22 @@ def child(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         name: {"n": len(times), "s": round(sum(times), 3)} for name, times in metrics.items()
     }
     return record
+
+
+def _without_landing() -> None:
+    """For ``ours-before``: the caller keeps its ptxas and no compiled choice lands."""
+    from torch._inductor.runtime import compile_tasks
+
+    from precompile_executor.inductor import _compiles
+
+    def land_nothing(module_path: str, kernel_name: str, result: Any) -> None:
+        pass
+
+    def keep_ptxas() -> None:
+        pass
+
+    setattr(_compiles, "_land_template", land_nothing)  # noqa: B010 - a module's function
+    setattr(compile_tasks, "_set_triton_ptxas_path", keep_ptxas)  # noqa: B010
 
 
 def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -184,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", type=Path, required=True, help="where everything goes")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="in this order")
+    parser.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"in this order, of {','.join(VARIANTS)}",
+    )
     parser.add_argument("--deadline", type=float, default=115.0, help="seconds for all runs")
     parser.add_argument("--process-timeout", type=float, default=75.0, help="seconds per run")
     parser.add_argument("--tokens", type=int, help="rows of the input (GPU 4096, CPU 64)")
