@@ -319,6 +319,7 @@ def breakdown(record: dict[str, Any]) -> list[str]:
     ):
         if key in record:
             lines.append(f"[{head}]   {label}: {record[key]:.2f} s")
+    lines.append(f"[{head}]   equal to eager: {record['equal']} ({record['rel_error']:.1e})")
     for name, label in TIMERS:
         lines.append(f"[{head}]   torch timer {label}: {record['timers_s'][name]:.2f} s")
     seen = record.get("instruments", {}).get("seen", {})

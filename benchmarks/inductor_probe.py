@@ -4,7 +4,7 @@
         [--process-timeout 75] [--tokens 4096] [--width 1024]
     python -m benchmarks.inductor_probe --out-dir DIR --cpu     # the plumbing, on a CPU
 
-A model of three ``nn.Linear`` of different shapes (bf16 on the GPU; ``tokens × width`` →
+A model of three ``nn.Linear`` of different shapes (fp16 on the GPU; ``tokens × width`` →
 ``3·width`` → GELU → ``width`` → ``width/2``), so that ``torch.compile(mode="max-autotune")``
 spends its time on the GEMM template choices of three matmuls and their epilogues. Each variant
 is one fresh interpreter with empty Inductor and Triton caches (``inductor_bench``'s child:
@@ -198,7 +198,7 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         "model": "linears",
         "mode": "max-autotune",
         "device": "cpu" if args.cpu else "cuda",
-        "dtype": "float32" if args.cpu else "bfloat16",
+        "dtype": "float32" if args.cpu else "float16",
         "tokens": args.tokens or (64 if args.cpu else 4096),
         "width": args.width or (64 if args.cpu else 1024),
     }
