@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(stamp, indent=1), flush=True)
     begun = time.perf_counter()
     ok = True
+    walls: dict[str, float | None] = {}
     for spec in _specs(args):
         variant = spec["variant"]
         left = args.deadline - (time.perf_counter() - begun)
@@ -263,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out_dir / "summary.txt", "a") as summary:
             summary.write("\n".join(lines) + "\n")
         ok = ok and record["ok"] and record.get("equal", False)
+        walls[variant] = record["process_wall_s"] if record["ok"] else None
+    line = "whole-process wall (s): " + ", ".join(
+        f"{v} {'—' if w is None else f'{w:.2f}'}" for v, w in walls.items()
+    )
+    print(line, flush=True)
+    with open(args.out_dir / "summary.txt", "a") as summary:
+        summary.write(line + "\n")
     return 0 if ok else 1
 
 
