@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh inductor-probe  # torch.compile max-autotune: where the time goes,
+#     stock vs use() (benchmarks.inductor_probe; everything under $OUT/inductor-probe as it goes)
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
 #   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
@@ -138,6 +140,10 @@ case "${1:-tests}" in
       --rounds "${FLEET_ROUNDS:-1}" --timeout "${FLEET_RUN_TIMEOUT:-180}" \
       ${FLEET_ONLY:+--only $FLEET_ONLY} ${FLEET_MODES:+--modes $FLEET_MODES} \
       2>&1 | tee "$OUT/fleet-bench.log" | tail -60 ;;
+  inductor-probe)
+    # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed.
+    timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
+      ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
       2>&1 | tee "$OUT/limits-probe.txt"

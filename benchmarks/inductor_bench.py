@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,9 @@ TIMERS = (
     ("*_template_autotuning", "template benchmark"),
 )
 """torch's timers reported (name, or ``*suffix`` summed over every name with that suffix)."""
+
+WORKER_QUESTION_TIMEOUT_S = 60.0
+"""Longest the record waits for a compile worker to report its environment."""
 
 COUNTERS = (
     "async_compile_cache_miss",
@@ -193,28 +197,61 @@ def _timer_sums() -> dict[str, float]:
     return sums
 
 
-def child(spec: dict[str, Any]) -> dict[str, Any]:
-    """Compile and check one model in this (fresh) process; return its record."""
+def child(
+    spec: dict[str, Any],
+    build: Callable[[dict[str, Any]], tuple[Any, Any]] | None = None,
+    around_compile: Callable[[Callable[[], Any]], Any] | None = None,
+    before_use: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Compile and check one model in this (fresh) process; return its record.
+
+    Args:
+        spec: the model, mode, variant and sizes (see ``_specs``).
+        build: returns (model, input) for ``spec``; default: this module's models.
+        around_compile: runs the compile and first call (a function of no arguments) and
+            returns its result, e.g. under a profiler; default: calls it.
+        before_use: called just before ``use()`` (a variant whose name starts with ``ours``).
+    """
     started = time.perf_counter()
     import torch
 
+    from benchmarks import _inductor_instruments as instruments
+
     imported = time.perf_counter()
+    instruments.install()  # before use() patches Inductor: the seam then calls the wrappers
     sync = torch.cuda.synchronize if spec["device"] == "cuda" else (lambda: None)
-    model, inputs = _build(spec)
+    model, inputs = (build or _build)(spec)
     with torch.no_grad():
         eager = model(inputs)
     sync()
     built = time.perf_counter()
     record: dict[str, Any] = {"spec": spec}
+    run = around_compile or (lambda fn: fn())
+
+    def compile_and_call() -> Any:
+        out = torch.compile(model, mode=spec["mode"])(inputs)
+        sync()
+        return out
+
     with torch.no_grad():
-        if spec["variant"] == "ours":
+        if spec["variant"].startswith("ours"):
             import precompile_executor.inductor as pe_inductor
+
+            if before_use is not None:
+                before_use()
 
             entered = time.perf_counter()
             with pe_inductor.use() as executor:
                 record["use_enter_s"] = time.perf_counter() - entered  # version check, patch
-                out = torch.compile(model, mode=spec["mode"])(inputs)
-                sync()
+                out = run(compile_and_call)
+                record["children_cpu"] = instruments.children_cpu()
+                try:
+                    arch = instruments.ptxas_facts().get("arch")
+                    record["worker_env"] = executor.submit(instruments.worker_env, arch).result(
+                        timeout=WORKER_QUESTION_TIMEOUT_S
+                    )
+                except Exception as exc:  # noqa: BLE001 - reported, not fatal to the record
+                    record["worker_env"] = {"error": f"{type(exc).__name__}: {exc}"}
             record["ours"] = {
                 "compiles": vars(pe_inductor.statistics()),
                 "executor": {
@@ -224,8 +261,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
                 "workers_alive": getattr(executor.statistics(), "workers_alive", None),
             }
         else:
-            out = torch.compile(model, mode=spec["mode"])(inputs)
-            sync()
+            out = run(compile_and_call)
+            record["children_cpu"] = instruments.children_cpu()
     compiled = time.perf_counter()
     scale = float(eager.abs().max()) or 1.0
     error = float((out.float() - eager.float()).abs().max()) / scale
@@ -240,12 +277,83 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "equal": error <= CORRECT_REL_ERR,
         "timers_s": _timer_sums(),
         "counters": {k: int(counters["inductor"].get(k, 0)) for k in COUNTERS},
+        "instruments": instruments.snapshot(),
+        "caller_thread_cpu_s": instruments.thread_cpu(),
+        "ptxas": instruments.ptxas_facts(),
+        "triton_cache": instruments.triton_cache_census(os.environ.get("TRITON_CACHE_DIR")),
     }
     return record
 
 
-def _run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter with empty caches; return its record."""
+INSTRUMENT_LINES = (
+    ("precompile.submit", "template precompile: submitting choices (caller)"),
+    ("precompile.wait", "template precompile: waiting for the choices (caller)"),
+    ("precompile.sent_to_pool", "template choices sent to a pool (AsyncCompile.triton)"),
+    ("precompile.in_caller", "template choices compiled in the caller (precompile())"),
+    ("benchmark.choices", "benchmarking choices (AlgorithmSelectorCache.benchmark)"),
+    ("Scheduler.speedup_by_fusion", "fusion decisions incl. epilogue benchmarks"),
+    ("TritonScheduling.benchmark_codegened_module", "benchmarking fused kernels"),
+    ("async_compile.triton", "kernels sent (AsyncCompile.triton, submit time)"),
+    ("caller_triton_compile", "Triton compiles run by the caller (triton.compile)"),
+    ("caller_triton_compile.while_benchmarking", "  of which while benchmarking choices"),
+    ("caller_triton_compile.miss", "  of which Triton cache misses (listener: compile s)"),
+    ("caller_triton_compile.hit", "  of which Triton cache hits (listener)"),
+    ("caller_triton_compile.over_250ms", "  of which over 0.25 s (full compiles)"),
+)
+"""The instruments' rows in a breakdown (``_inductor_instruments``), as (name, label)."""
+
+
+def breakdown(record: dict[str, Any]) -> list[str]:
+    """One line per phase of one process's record, for printing as soon as it ends."""
+    spec = record["spec"]
+    head = f"{spec['model']} {spec['mode']} {spec['variant']}"
+    lines = [f"[{head}] process wall {record['process_wall_s']:.2f} s, ok={record['ok']}"]
+    if not record["ok"]:
+        lines.append(f"[{head}] output tail: {record.get('output_tail', '')[-800:]!r}")
+        return lines
+    for key, label in (
+        ("import_torch_s", "import torch"),
+        ("build_and_eager_s", "build + eager call"),
+        ("use_enter_s", "use() entry"),
+        ("compile_and_first_call_s", "compile + first call"),
+    ):
+        if key in record:
+            lines.append(f"[{head}]   {label}: {record[key]:.2f} s")
+    lines.append(f"[{head}]   equal to eager: {record['equal']} ({record['rel_error']:.1e})")
+    for name, label in TIMERS:
+        lines.append(f"[{head}]   torch timer {label}: {record['timers_s'][name]:.2f} s")
+    seen = record.get("instruments", {}).get("seen", {})
+    for name, label in INSTRUMENT_LINES:
+        if name in seen:
+            lines.append(f"[{head}]   {label}: {seen[name]['n']} calls, {seen[name]['s']:.2f} s")
+    for key in ("counters", "ptxas", "worker_env", "triton_cache", "children_cpu"):
+        if record.get(key):
+            lines.append(f"[{head}]   {key}: {json.dumps(record[key], sort_keys=True)}")
+    if "ours" in record:
+        lines.append(f"[{head}]   compiles on the executor: {record['ours']['compiles']}")
+    busiest = sorted(record.get("caller_thread_cpu_s", {}).items(), key=lambda kv: -kv[1])[:6]
+    lines.append(f"[{head}]   caller CPU by thread (s): {dict(busiest)}")
+    return lines
+
+
+def run_child(
+    spec: dict[str, Any],
+    timeout_s: float,
+    *,
+    module: str = "benchmarks.inductor_bench",
+    log_path: Path | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter with empty caches; return its record.
+
+    Args:
+        spec: what the child measures (JSON), passed as ``--child SPEC``.
+        timeout_s: the child and everything it started are killed past this.
+        module: the ``python -m`` module whose ``--child`` runs it.
+        log_path: where the child's output goes as it runs (a killed child's output stays);
+            default: kept in memory only.
+        extra_args: more arguments for the child's command line.
+    """
     cache = tempfile.mkdtemp(prefix="inductor-bench-")
     env = dict(os.environ)
     env |= {
@@ -256,24 +364,27 @@ def _run_child(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         ),
     }
-    command = [sys.executable, "-m", "benchmarks.inductor_bench", "--child", json.dumps(spec)]
+    command = [sys.executable, "-m", module, "--child", json.dumps(spec), *extra_args]
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own group: a run past its time goes with all it started
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate(timeout=30)
-        timed_out = True
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryFile("w+") if log_path is None else open(log_path, "w+") as log:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own group: a run past its time goes with all it started
+        )
+        try:
+            proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            timed_out = True
+        wall = time.perf_counter() - start
+        log.seek(0)
+        output = log.read()
     shutil.rmtree(cache, ignore_errors=True)
     lines = [ln for ln in output.splitlines() if ln.startswith(RESULT_MARK)]
     if lines and not timed_out:
@@ -457,13 +568,14 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for spec in specs:  # interleaved: every model, mode and variant once per round
             spec = {**spec, "round": round_}
-            record = _run_child(spec, args.process_timeout)
+            record = run_child(spec, args.process_timeout)
             records.append(record)
             print(
                 f"round {round_ + 1}/{args.rounds} {spec['model']} {spec['mode']} "
                 f"{spec['variant']}: ok={record['ok']} wall {record['process_wall_s']:.2f} s",
                 flush=True,
             )
+            print("\n".join(breakdown(record)), flush=True)
     report = _report(records, args.models, args.modes)
     if "max-autotune" in args.modes and (3, 11, 0) <= sys.version_info[:3] <= (3, 11, 8):
         report += (

@@ -9,6 +9,7 @@ Dynamo; the executor is shared by the module (its warm template imports torch on
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -280,6 +281,38 @@ def test_a_triton_kernel_compiles_in_a_worker_and_its_error_keeps_its_type(
     assert (after.triton, after.failed) == (before.triton + 1, before.failed + 1)
 
 
+def test_entering_use_points_the_callers_triton_at_the_ptxas_inductors_workers_use(
+    executor: PrecompileExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inside use() the caller still compiles what the workers compiled (benchmarking a template
+    # choice, a fused epilogue), and Triton's disk cache is keyed by the ptxas version, so the
+    # caller must pick the ptxas the workers pick: torch's bundled one, where the wheel has one
+    # (Inductor's _set_triton_ptxas_path). A CPU wheel has none, so this test gives torch a
+    # bundled ptxas: compile_tasks looks for it beside its own file (torch/bin in 2.11,
+    # torch/_inductor/bin in 2.13).
+    from torch._inductor.runtime import compile_tasks
+
+    module = tmp_path / "torch" / "_inductor" / "runtime" / "compile_tasks.py"
+    bundled = [
+        tmp_path / "torch" / "bin" / "ptxas",
+        tmp_path / "torch" / "_inductor" / "bin" / "ptxas",
+    ]
+    for ptxas in bundled:
+        ptxas.parent.mkdir(parents=True)
+        ptxas.write_text("#!/bin/sh\n")
+        ptxas.chmod(0o755)
+    monkeypatch.setattr(compile_tasks, "__file__", str(module))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "set by this test, removed at its end")
+    monkeypatch.delenv("TRITON_PTXAS_PATH")
+    clear = getattr(compile_tasks._set_triton_ptxas_path, "cache_clear", lambda: None)
+    clear()
+    try:
+        with inductor.use(executor):
+            assert os.environ.get("TRITON_PTXAS_PATH") in {str(p) for p in bundled}
+    finally:
+        clear()
+
+
 def test_a_compile_over_its_memory_limit_fails_naming_memory_and_the_next_compile_works(
     executor: PrecompileExecutor,
 ) -> None:
@@ -390,3 +423,53 @@ def test_gpu_triton_kernels_and_template_choices_compile_on_the_executor(
     assert after.failed == before.failed
     if mode == "max-autotune" and _inductor_precompiles_templates():
         assert after.template > before.template
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(
+    not _inductor_precompiles_templates(), reason="Inductor skips the precompile step here"
+)
+def test_gpu_a_template_choice_compiled_on_the_executor_is_benchmarked_without_compiling_again(
+    executor: PrecompileExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Benchmarking a choice runs the kernel of the module Inductor loaded for it; unless the
+    # worker's compile landed there, that kernel compiles itself again in the caller, one
+    # choice after another (docs/inductor.md, "What runs where").
+    import functools
+
+    import triton
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    benchmarking = threading.local()
+    compiled_while_benchmarking: list[str] = []
+    original_compile = triton.compile
+    original_benchmark = AlgorithmSelectorCache.__dict__["benchmark"]
+
+    @functools.wraps(original_compile)
+    def compile(src: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(benchmarking, "on", False):
+            compiled_while_benchmarking.append(str(getattr(src, "name", src)))
+        return original_compile(src, *args, **kwargs)
+
+    @functools.wraps(original_benchmark)
+    def benchmark(*args: Any, **kwargs: Any) -> Any:
+        benchmarking.on = True
+        try:
+            return original_benchmark(*args, **kwargs)
+        finally:
+            benchmarking.on = False
+
+    monkeypatch.setattr(triton, "compile", compile)
+    monkeypatch.setattr(AlgorithmSelectorCache, "benchmark", benchmark)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(384, 640).cuda().half()
+    x = torch.randn(192, 384, device="cuda", dtype=torch.half)
+    before = inductor.statistics()
+    with torch.no_grad(), inductor.use(executor):
+        out = torch.compile(model, mode="max-autotune")(x)
+        torch.cuda.synchronize()
+    torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+    after = inductor.statistics()
+    assert after.template > before.template
+    assert compiled_while_benchmarking == []

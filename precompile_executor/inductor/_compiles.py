@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -46,6 +47,8 @@ from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from .. import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
+
+log = logging.getLogger("precompile_executor.inductor")
 
 KINDS: Final = ("cpp", "triton", "template", "other")
 """What a compile sent to the executor was: a C++ kernel, a Triton kernel, a max-autotune
@@ -113,9 +116,10 @@ class Counts:
 COUNTS: Final = Counts()
 """The process's counts; ``_state.InductorState.counts`` holds this object."""
 
-_in_template_precompile: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "precompile_executor_inductor_template", default=False
+_template_targets: contextvars.ContextVar[TemplateTargets | None] = contextvars.ContextVar(
+    "precompile_executor_inductor_template", default=None
 )
+"""Set while ``make_precompile_fn`` submits a template's choices (:class:`TemplateTargets`)."""
 
 
 class CompileFuture(Future[Any]):
@@ -125,10 +129,16 @@ class CompileFuture(Future[Any]):
     ``cancel()`` cancels the executor's task (a compile still queued does not run).
     """
 
-    def __init__(self, inner: Future[Any], forget: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        inner: Future[Any],
+        forget: Callable[[], None],
+        land: Callable[[Any], None] | None = None,
+    ) -> None:
         super().__init__()
         self._inner = inner
         self._forget: Callable[[], None] | None = forget
+        self._land = land
         inner.add_done_callback(self._copy)
 
     def _copy(self, inner: Future[Any]) -> None:
@@ -138,7 +148,14 @@ class CompileFuture(Future[Any]):
             return
         error = inner.exception()
         if error is None:
-            self.set_result(inner.result())
+            result = inner.result()
+            if self._land is not None:
+                # Before the result is set: whoever waits for it finds the kernel landed.
+                try:
+                    self._land(result)
+                except Exception:  # noqa: BLE001 - the caller then compiles it, as stock does
+                    log.debug("landing a compiled template choice failed", exc_info=True)
+            self.set_result(result)
         else:
             COUNTS.failed()
             self.set_exception(error)
@@ -190,13 +207,19 @@ class ExecutorPool:
         if fn is AsyncCompile._get_ready:
             return _ready()
         forget: Callable[[], None] = _nothing
+        land: Callable[[Any], None] | None = None
         if fn is _worker_compile_triton:
-            kind = "template" if _in_template_precompile.get() else "triton"
-            forget = functools.partial(_forget_triton, _triton_source(args[0]))
+            source = _triton_source(args[0])
+            targets = _template_targets.get()
+            kind = "triton" if targets is None else "template"
+            forget = functools.partial(_forget_triton, source)
+            target = None if targets is None or source is None else targets.get(source)
+            if target is not None:
+                land = functools.partial(_land_template, *target)
         else:
             kind = "other"
         COUNTS.sent(kind)
-        return CompileFuture(self.executor.submit(fn, *args, **kwargs), forget)
+        return CompileFuture(self.executor.submit(fn, *args, **kwargs), forget, land)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Nothing: the executor is the caller's (or the shared default), not Inductor's."""
@@ -217,6 +240,62 @@ def _forget_triton(source: str | None) -> None:
 
     if source is not None:
         CompiledTritonKernels.remove_future(source)
+
+
+class TemplateTargets:
+    """Where each Triton template choice of one ``make_precompile_fn`` call is to land: its
+    kernel source (what Inductor sends to compile; it reads it from the choice's
+    ``module_path``) → (``module_path``, ``kernel_name``). Read from the files on the first
+    lookup, that is once the call submits a compile (not when its timings are cached)."""
+
+    def __init__(self, choices: Any) -> None:
+        self._choices = list(choices) if isinstance(choices, (list, tuple)) else []
+        self._targets: dict[str, tuple[str, str]] | None = None
+
+    def get(self, source: str) -> tuple[str, str] | None:
+        """The (module path, kernel name) whose module holds ``source``, if a choice's."""
+        if self._targets is None:
+            from torch._inductor.autotune_process import TritonGPUBenchmarkRequest
+
+            self._targets = {}
+            for choice in self._choices:
+                request = getattr(choice, "bmreq", None)
+                if not isinstance(request, TritonGPUBenchmarkRequest):
+                    continue
+                try:
+                    with open(request.module_path) as file:
+                        self._targets[file.read()] = (request.module_path, request.kernel_name)
+                except OSError:
+                    continue  # Inductor's own read fails alike, and reports it
+        return self._targets.get(source)
+
+
+def _land_template(module_path: str, kernel_name: str, result: Any) -> None:
+    """Give a template choice's kernel in the caller the compile the executor returned.
+
+    Benchmarking a choice runs ``getattr(module, kernel_name)`` of the module Inductor loaded
+    for it (``TritonBenchmarkRequest.make_run_fn``: ``PyCodeCache.load_by_key_path``, cached by
+    path), and that kernel compiles itself in the caller when it has no compile results
+    (``CachingAutotuner.precompile``), one choice after another: the kernel the worker built
+    (``_worker_compile_triton`` returns it) is nowhere Inductor looks. Stock reaches the same
+    state only when its pool is not ready yet and the choice compiles in a thread of the caller,
+    on that very kernel. Here the worker's compile results become that kernel's, as
+    ``_precompile_worker`` would have set them; launching (loading the binary) stays with the
+    caller, as for every kernel from Inductor's pool.
+    """
+    from torch._inductor.codecache import PyCodeCache
+
+    compiled = result[0] if isinstance(result, tuple) and result else None
+    results = getattr(compiled, "compile_results", None)
+    module = PyCodeCache.modules_no_attr.get(module_path)
+    kernel = getattr(module, kernel_name, None)
+    if not results or kernel is None or not hasattr(kernel, "compile_results"):
+        return
+    with kernel.lock:
+        if kernel.compile_results or kernel.launchers:
+            return  # compiled meanwhile: keep what the caller has
+        kernel.compile_results = list(results)
+        kernel.configs = None
 
 
 def _forget_cpp(task: functools.partial[Any]) -> None:
@@ -301,12 +380,16 @@ class Routes:
 
     def make_precompile_fn(self, selector: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``AlgorithmSelectorCache.make_precompile_fn``: Inductor's, with the Triton compiles it
-        submits counted as template precompiles."""
-        token = _in_template_precompile.set(True)
+        submits counted as template precompiles, each landing in the choice's kernel that
+        benchmarking runs (:func:`_land_template`)."""
+        if self._executor_now() is None:
+            return self._originals["make_precompile_fn"](selector, *args, **kwargs)
+        choices = args[0] if args else kwargs.get("choices", ())
+        token = _template_targets.set(TemplateTargets(choices))
         try:
             return self._originals["make_precompile_fn"](selector, *args, **kwargs)
         finally:
-            _in_template_precompile.reset(token)
+            _template_targets.reset(token)
 
     def cpp_precompile(self, request: Any) -> None:
         """``CppBenchmarkRequest.precompile``: stock builds the choice with

@@ -109,7 +109,7 @@ def _method_problems(
 def _seam_problems() -> list[str]:
     from torch._inductor import async_compile, autotune_process, codecache, select_algorithm
     from torch._inductor.compile_worker import utils
-    from torch._inductor.runtime import compile_tasks
+    from torch._inductor.runtime import compile_tasks, triton_heuristics
 
     compile_ = async_compile.AsyncCompile
     problems = [
@@ -139,7 +139,28 @@ def _seam_problems() -> list[str]:
             "make_precompile_fn",
             types.FunctionType,
             ("self", "choices", "name", "inputs_key", "precompilation_timeout_seconds"),
-            ("use_process_pool", "triton"),
+            ("use_process_pool", "triton", "bmreq", "module_path", "kernel_name"),
+        ),
+        *_method_problems(
+            autotune_process.TritonBenchmarkRequest,
+            "make_run_fn",
+            types.FunctionType,
+            ("self", "input_tensors", "out"),
+            ("load_by_key_path", "module_path", "kernel_name"),
+        ),
+        *_method_problems(
+            triton_heuristics.CachingAutotuner,
+            "_precompile_worker",
+            types.FunctionType,
+            ("self",),
+            ("compile_results", "configs", "launchers"),
+        ),
+        *_method_problems(
+            triton_heuristics.CachingAutotuner,
+            "precompile",
+            types.FunctionType,
+            ("self", "warm_cache_only", "reload_kernel", "static_triton_bundle_key"),
+            ("lock", "_precompile_worker", "_make_launchers"),
         ),
         *_method_problems(
             autotune_process.CppBenchmarkRequest,
@@ -153,6 +174,9 @@ def _seam_problems() -> list[str]:
         callable(getattr(compile_.__dict__["process_pool"].__func__, "cache_clear", None))
     ):
         problems.append("AsyncCompile.process_pool is no longer an lru_cache'd function")
+    ptxas = getattr(compile_tasks, "_set_triton_ptxas_path", None)
+    if not callable(ptxas) or _params(ptxas) != ():
+        problems.append("compile_tasks._set_triton_ptxas_path is not a function of no arguments")
     for module, name, params in (
         (compile_tasks, "_worker_compile_triton", ("load_kernel", "extra_env", "extra_config")),
         (codecache, "_worker_compile_cpp", ("lock_path", "cpp_builders")),
@@ -167,6 +191,10 @@ def _seam_problems() -> list[str]:
         problems.append("CppCodeCache.load_async no longer takes submit_fn")
     elif "_worker_compile_cpp" not in _names_used(fn.__code__):
         problems.append("CppCodeCache.load_async no longer submits _worker_compile_cpp")
+    if not isinstance(getattr(codecache.PyCodeCache, "modules_no_attr", None), dict):
+        problems.append("PyCodeCache.modules_no_attr is not a dict")
+    if not isinstance(getattr(autotune_process, "TritonGPUBenchmarkRequest", None), type):
+        problems.append("torch._inductor.autotune_process.TritonGPUBenchmarkRequest is missing")
     if not isinstance(getattr(codecache.CppCodeCache, "cache", None), dict):
         problems.append("CppCodeCache.cache is not a dict")
     if not callable(getattr(async_compile.CompiledTritonKernels, "remove_future", None)):
@@ -194,6 +222,15 @@ def _executor_now() -> Executor | None:
 def _patch() -> None:
     check_torch()  # before anything is patched
     from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+
+    # Inductor's compile workers point Triton at torch's bundled ptxas, where the wheel has one
+    # (_worker_compile_triton); stock's caller does so before it compiles a kernel itself
+    # (AsyncCompile.triton without a ready pool). Inside use() no kernel compiles in the caller
+    # that way, yet the caller still compiles what the workers compiled (benchmarking a choice,
+    # a fused epilogue), and Triton's disk cache is keyed by the ptxas version: with another
+    # ptxas every such compile would miss and start over. Set once, as Inductor does.
+    _set_triton_ptxas_path()
     from torch._inductor.autotune_process import CppBenchmarkRequest
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
