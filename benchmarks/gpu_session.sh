@@ -143,6 +143,7 @@ case "${1:-tests}" in
   inductor-probe)
     # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed.
     timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
+      --deadline "${PROBE_DEADLINE:-115}" \
       ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
   limits)
     timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
