@@ -302,9 +302,10 @@ def child(library: str, mode: str, out: Path) -> None:
     tunes = observer.summary(origin)
     executor: dict[str, Any] = {}
     if mode != "stock":
-        from precompile_executor.triton._submit import default_executor
+        from precompile_executor.triton import state
 
-        stats = default_executor().statistics()  # type: ignore[attr-defined]
+        assert state.default is not None, "the block ran without building the default executor"
+        stats = state.default.statistics()  # type: ignore[attr-defined]
         # completed: compiles and module imports in workers; cancelled: configs taken back
         # from the queue and compiled by the tune's own thread.
         executor = {"completed": stats.completed, "cancelled": stats.cancelled}
