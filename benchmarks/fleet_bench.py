@@ -1,7 +1,7 @@
 """Compile on CPU nodes, measured: a dask cluster with no GPU serving a GPU process's autotunes.
 
     python -m benchmarks.fleet_bench [--out-dir DIR] [--rounds N] [--only gemm,helion,node-loss]
-        [--modes stock,local,cluster,native] [--timeout S]
+        [--modes stock,local,cluster,native] [--timeout S] [--alternations N]
     python -m benchmarks.fleet_bench --cpu-smoke [--out-dir DIR]   # no GPU: the plumbing only
 
 The parent starts one dask scheduler and ``--nodes`` (2) dask workers of ``--node-threads`` (8)
@@ -30,7 +30,10 @@ Scenarios and modes:
   process (every ``triton.compile`` here that was not a cache hit), and for ``cluster`` the
   **per-task cost**: for each compile done on a node, its wall time as this process sees it (from
   the dispatch to its node to its files installed here) less the compile's own time measured on
-  the node (``CompiledArtifacts.compile_time_s``), summed and divided by the compile time moved.
+  the node (``CompiledArtifacts.compile_time_s``), summed and divided by the compile time moved;
+  split with dask's task stream into dispatch to the node's start, on the node beside the
+  compile, and back here, with the wait for a busy node's slot counted apart and left out of the
+  judged figure (``DispatchProbe`` says how), and each task's times recorded in the row.
 * ``helion``: Helion's matmul 4096³ fp16 (``benchmarks.helion_bench``'s), a seeded
   ``RandomSearch`` of 32 configs in fork mode, 16 jobs: ``native`` (Helion alone), ``local``
   (``precompile_executor.helion.use()``), ``cluster`` (``helion.use(dask executor)``: each
@@ -39,6 +42,18 @@ Scenarios and modes:
   nodes the run says so (a marker file) and the parent SIGKILLs node 0's dask worker. The tune
   must end with stock's best config; the row counts the compiles sent again. The parent then
   starts a new node 0 (warmed) for later runs.
+
+The **chosen-kernel check** (``--alternations``, default 10; 0 skips it): each process's own
+timings of one config differ by several per cent (clocks, the GPU's state), so the configs the
+runs chose are not compared by the timings of the runs that chose them. After the runs, one more
+fresh process (a cold Triton cache) builds the GEMM's inputs, compiles each distinct config that
+a gemm or node-loss run chose and runs it once, untimed, then times them with stock Triton's own
+benchmark (``Autotuner._bench``, the autotuner's ``do_bench``), one after another, that many
+times; a run's choice passes when its median is within ``BEST_WITHIN`` of the stock run's choice
+(same round) or faster. Its rows (``scenario`` ``check``: a config, the runs that chose it, its
+timings) go to the JSON-lines file too. It runs only when the choices differ (the smoke runs it
+anyway, on the dry-run driver). Stock's own timing of a config is shown beside it, not judged.
+Helion's choices are still compared by the runs' own best timings (``best_ms``).
 
 ``--cpu-smoke`` runs the same parent and cluster (2 nodes × 1 thread) with no GPU: ``gemm``
 ``local`` and ``cluster`` and ``node-loss`` on 4 configs, on a dry-run sm_90 driver in the run
@@ -220,6 +235,7 @@ class DispatchProbe:
                  "split_tasks": 0}  # fmt: skip
         lost: dict[str, int] = {}
         nodes = sorted({node for _, _, node, _ in sent.values()})
+        windows = {node: window for _, _, node, window in sent.values()}
         for future, (key, at, node, _) in sent.items():
             if future.cancelled():
                 lost["cancelled"] = lost.get("cancelled", 0) + 1
@@ -264,7 +280,7 @@ class DispatchProbe:
             "extra_ms_median": round(1e3 * extra[len(extra) // 2], 1) if extra else None,
             "extra_ms_max": round(1e3 * extra[-1], 1) if extra else None,
             **{k: round(v, 3) for k, v in split.items()},
-            "running_at_dispatch": running_at_dispatch(records),
+            **to_node_by_load(records, sum(windows.values())),
             "bytes": sum(sizes),
             "not_ok": lost,
             "hashes": hashes,
@@ -305,13 +321,29 @@ def replay_queueing(
     return queued
 
 
-def running_at_dispatch(records: list[list[float]]) -> float | None:
-    """The mean number of compiles running on all nodes (this one host) when a task was sent:
-    the load a dispatch met (the nodes and the GPU process share the host's cores)."""
+def running_at_dispatch(records: list[list[float]]) -> list[int]:
+    """For each record, the compiles running on all nodes (this one host) when it was sent: the
+    load its dispatch met (the nodes and the GPU process share the host's cores)."""
+    return [sum(1 for o in records if o[2] <= r[1] < o[3]) for r in records]
+
+
+def to_node_by_load(records: list[list[float]], slots: int) -> dict[str, Any]:
+    """The mean load a dispatch met, and the median dispatch-to-start (ms) of the tasks sent
+    while fewer than half of all slots ran a compile, and of those sent while more did: a
+    dispatch-to-start that grows with the load is the host's busy cores, not the cluster's path."""
     if not records:
-        return None
-    counts = [sum(1 for o in records if o[2] <= r[1] < o[3]) for r in records]
-    return round(sum(counts) / len(counts), 2)
+        return {}
+    running = running_at_dispatch(records)
+    paired = list(zip(records, running, strict=True))
+    light = sorted(round(r[2] - r[1], 1) for r, n in paired if 2 * n < slots)
+    heavy = sorted(round(r[2] - r[1], 1) for r, n in paired if 2 * n >= slots)
+    return {
+        "running_at_dispatch": round(sum(running) / len(running), 2),
+        "slots": slots,
+        "to_node_ms_median_light": light[len(light) // 2] if light else None,
+        "to_node_ms_median_heavy": heavy[len(heavy) // 2] if heavy else None,
+        "tasks_light_heavy": [len(light), len(heavy)],
+    }
 
 
 def _cluster_executor(scheduler: str, target: str) -> tuple[Any, Any]:
@@ -990,7 +1022,10 @@ def _per_task_text(per_task: dict[str, Any]) -> str:
     text += (
         f", on the node beside the compile {per_task['on_node_s']} s, back here and installed "
         f"{per_task['back_s']} s; compiles running on the host at a dispatch: "
-        f"{per_task.get('running_at_dispatch')} on average"
+        f"{per_task.get('running_at_dispatch')} on average of {per_task.get('slots')} slots, "
+        f"median dispatch to the node's start {per_task.get('to_node_ms_median_light')} ms "
+        f"sent while under half the slots ran, {per_task.get('to_node_ms_median_heavy')} ms "
+        f"while more did ({per_task.get('tasks_light_heavy')} tasks)"
     )
     return text
 
