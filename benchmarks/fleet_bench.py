@@ -962,11 +962,17 @@ def chosen_check(
         return [{**base, "error": error, "process_s": process_s}]
     times: dict[str, list[float]] = json.loads(out.read_text())["ms"]
     shutil.rmtree(run_dir, ignore_errors=True)
+    medians = {c: statistics.median(ms) if ms else None for c, ms in times.items()}
+    reference = "local" if args.cpu_smoke else "stock"
+    refs = [r["best"] for r in rows if r["scenario"] == "gemm" and r["mode"] == reference
+            and "best" in r]  # fmt: skip
+    theirs = medians.get(refs[-1]) if refs else None
     return [
         {**base, "config": config, "chosen_by": chosen[config],
-         "ms_median": round(statistics.median(ms), 5) if ms else None, "ms": ms,
+         "ms_median": None if m is None else round(m, 5), "ms": times[config],
+         f"vs_{reference}_choice": round(m / theirs, 4) if m is not None and theirs else None,
          "alternations": args.alternations, "process_s": process_s}
-        for config, ms in times.items()
+        for config, m in medians.items()
     ]  # fmt: skip
 
 
@@ -975,8 +981,10 @@ def _check_line(row: dict[str, Any]) -> str:
         return f"chosen-kernel check FAILED: {row['error'][-400:]}"
     if "skipped" in row:
         return f"chosen-kernel check skipped: {row['skipped']}"
-    return (f"chosen-kernel check {row['ms_median']:.4f} ms (median of {len(row['ms'])}) "
-            f"`{row['config']}`, chosen by {', '.join(row['chosen_by'])}")  # fmt: skip
+    ratio = next((f", {v:.3f}× {k[3:-7]}'s choice" for k, v in row.items()
+                  if k.startswith("vs_") and v is not None), "")  # fmt: skip
+    return (f"chosen-kernel check {row['ms_median']:.4f} ms (median of {len(row['ms'])}"
+            f"{ratio}) `{row['config']}`, chosen by {', '.join(row['chosen_by'])}")  # fmt: skip
 
 
 # -- the report ----------------------------------------------------------------------------------
