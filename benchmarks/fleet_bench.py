@@ -53,7 +53,8 @@ times; a run's choice passes when its median is within ``BEST_WITHIN`` of the st
 (same round) or faster. Its rows (``scenario`` ``check``: a config, the runs that chose it, its
 timings) go to the JSON-lines file too. It runs only when the choices differ (the smoke runs it
 anyway, on the dry-run driver). Stock's own timing of a config is shown beside it, not judged.
-Helion's choices are still compared by the runs' own best timings (``best_ms``).
+Helion's choices are still compared by the runs' own best timings (``best_ms``); each Helion row
+keeps its choice as ``best_json`` (``helion.Config.from_json``) for a side-by-side timing.
 
 ``--cpu-smoke`` runs the same parent and cluster (2 nodes × 1 thread) with no GPU: ``gemm``
 ``local`` and ``cluster`` and ``node-loss`` on 4 configs, on a dry-run sm_90 driver in the run
@@ -574,6 +575,9 @@ def helion_run(mode: str, scheduler: str | None, configs: int, target: str) -> d
         best = kernel.autotune(args, force=True)
         row["autotune_s"] = round(time.perf_counter() - start, 3)
     row["best"] = str(best)
+    # The config itself, as Helion rebuilds it (helion.Config.from_json), for a later timing of
+    # the modes' choices side by side.
+    row["best_json"] = best.to_json() if hasattr(best, "to_json") else None
     if metrics:
         row["best_ms"] = metrics[-1].best_perf_ms
         row["configs_tested"] = metrics[-1].num_configs_tested
