@@ -180,21 +180,23 @@ class DispatchProbe:
     thread's end to the future resolved here (the outcome fetched, the files installed). A task
     sent to a node whose dask threads are all busy waits there for one: that wait is *queueing*,
     not a cost of moving the compile, so it is counted apart. The dispatcher sends a node at most
-    its window (its dask threads) of tasks and frees a slot only once the outcome is here
-    (``_cluster_state.py``, ``plan`` and ``take``), so a node's threads are normally free when a
-    task arrives; a task cancelled while running frees its caller-side slot at once, before its
-    node stops it. The queueing is replayed from the task stream: each node's slots, filled in
-    dispatch order, each held from a task's start to its end; a task waits
+    its window (its dask threads) of tasks and frees a slot only once the task's outcome was
+    fetched here (``_cluster_state.py``, ``plan`` and ``take``), so a node's threads are normally
+    free when a task arrives; a task cancelled after its dispatch frees its caller-side slot at
+    once, before its node stops it. The queueing is replayed from the task stream: each node's
+    slots, filled in dispatch order, each held from a task's start to its end; a task waits
     ``max(0, its node's earliest free slot - its dispatch)``.
 
     Measurement only: no public record holds the dispatch time, so the probe wraps the
-    dispatcher's ``send`` on this executor's own state; the executor's behaviour is unchanged.
+    dispatcher's ``send`` and ``take`` (the slot freed) on this executor's own state; the
+    executor's behaviour is unchanged.
     Times are ``time.time()``: the nodes' task stream uses it, and they share this machine's clock.
     """
 
     def __init__(self, executor: Any, client: Any) -> None:
         self.sent: dict[Future[Any], tuple[str, float, str, int]] = {}
         self.settled: dict[Future[Any], float] = {}
+        self.taken: dict[Future[Any], float] = {}
         self._client = client
         self._lock = threading.Lock()
         self._began = time.time()
@@ -211,6 +213,16 @@ class DispatchProbe:
             real_send(task)
 
         state.send = send
+        real_take = state.take
+
+        def take(task: Any) -> bool:
+            claimed: bool = real_take(task)
+            if claimed:  # the node's slot is free here again: its compute had ended before
+                with self._lock:
+                    self.taken[task.future] = time.time()
+            return claimed
+
+        state.take = take
 
     def _settle(self, future: Future[Any]) -> None:
         with self._lock:
@@ -219,7 +231,7 @@ class DispatchProbe:
     def summary(self) -> dict[str, Any]:
         """Per-task cost of the compiles that came back, and what happened to the others."""
         with self._lock:
-            sent, settled = dict(self.sent), dict(self.settled)
+            sent, settled, taken = dict(self.sent), dict(self.settled), dict(self.taken)
         ran: dict[str, tuple[float, float]] = {}
         try:
             for record in self._client.get_task_stream(start=self._began):
@@ -228,6 +240,25 @@ class DispatchProbe:
                         ran[str(record["key"])] = (step["start"], step["stop"])
         except Exception:  # noqa: BLE001 - the split is extra; the totals stand without it
             ran = {}
+        # A dask worker shifts its task times by its estimate of the scheduler's clock offset
+        # (``Worker.scheduler_delay``, renewed at each heartbeat from its round trip): on one
+        # machine the clocks are the same and the estimate is noise that grows with the load,
+        # moving time between "to the node" and "back" (the sum stands: it is this process's
+        # clock). Each task's times are kept inside what is certain — started after its
+        # dispatch, ended before the dispatcher freed its slot (``take``, once the outcome was
+        # fetched) or its future resolved here — and each node's estimate at the end is
+        # recorded as the noise's scale.
+        try:
+            found = self._client.run(_clock_offset, on_error="return")
+        except Exception:  # noqa: BLE001 - the scale is extra
+            found = {}
+        offsets = {str(a): float(d) for a, d in found.items() if isinstance(d, int | float)}
+        for future, (key, at, _, _) in sent.items():
+            if key in ran:
+                began, ended = ran[key]
+                end_by = taken.get(future, settled.get(future, max(ended, at)))
+                ended = min(max(ended, at), end_by)
+                ran[key] = (min(max(began, at), ended), ended)
         queued = replay_queueing(
             [(key, at, node, window) for key, at, node, window in sent.values()], ran
         )
@@ -282,6 +313,9 @@ class DispatchProbe:
             "extra_ms_max": round(1e3 * extra[-1], 1) if extra else None,
             **{k: round(v, 3) for k, v in split.items()},
             **to_node_by_load(records, sum(windows.values())),
+            "clock_offsets_ms": {
+                nodes.index(a): round(1e3 * d, 2) for a, d in offsets.items() if a in nodes
+            },  # fmt: skip
             "bytes": sum(sizes),
             "not_ok": lost,
             "hashes": hashes,
@@ -289,6 +323,11 @@ class DispatchProbe:
             "records_fields": "node, dispatch, start, end, settled (ms from the probe's start), "
             "compile ms",
         }
+
+
+def _clock_offset(dask_worker: Any) -> float:
+    """This dask worker's estimate of the scheduler's clock minus its own (``Client.run``)."""
+    return float(dask_worker.scheduler_delay)
 
 
 def replay_queueing(
