@@ -10,14 +10,16 @@ with ``CUDA_VISIBLE_DEVICES=""`` and every address bound to 127.0.0.1 (checked: 
 every cluster process), at the priority of the local executor's workers (the caller's benchmarks
 run beside them on one machine). It warms the nodes' pools once (``prewarm`` for this GPU's
 target: a standing cluster's pools are warm; later executors with the same initializer reuse
-them; this also brings torch and Triton into the page cache before the first measured run) and
-shares the cluster with every run that needs it. Each run is a fresh interpreter with a
-cold Triton cache (its own ``TRITON_CACHE_DIR``), timed by the parent from its start to its exit
-(**whole process**); rounds are interleaved. Every run's row is printed as soon as it ends and
-appended to ``DIR/fleet-runs.jsonl``, so a run cut short keeps what finished; the Markdown report
-is rewritten to ``DIR/fleet-bench.md`` after each row. At the end the cluster is torn down and
-every process the benchmark started, orphans included (the parent is their subreaper), must be
-gone.
+them; this also brings torch and Triton into the page cache before the first measured run),
+runs one trivial task per slot through the whole task path (a standing cluster has run tasks
+before; the first task a fresh dask cluster ever runs waits for dask's cold path, which held back
+the first measured run's whole first batch) and shares the cluster with every run that needs it.
+Each run is a fresh interpreter with a cold Triton cache (its own ``TRITON_CACHE_DIR``), timed by
+the parent from its start to its exit (**whole process**); rounds are interleaved. Every run's
+row is printed as soon as it ends and appended to ``DIR/fleet-runs.jsonl``, so a run cut short
+keeps what finished; the Markdown report is rewritten to ``DIR/fleet-bench.md`` after each row.
+At the end the cluster is torn down and every process the benchmark started, orphans included
+(the parent is their subreaper), must be gone.
 
 Scenarios and modes:
 
@@ -789,6 +791,11 @@ class LoopbackCluster:
             initargs=(target,),
         ) as executor:
             pids = executor.warm_up(timeout=CLUSTER_START_TIMEOUT_S)
+            # One task per slot through the whole task path (client, scheduler, node, pool):
+            # a standing cluster has run tasks before; the first ever pays dask's cold path.
+            slots = executor.statistics().slots
+            for f in [executor.submit(os.getpid) for _ in range(slots)]:
+                f.result(timeout=CLUSTER_START_TIMEOUT_S)
         return {"pool_pids": pids, "warm_s": round(time.perf_counter() - began, 2)}
 
     def processes(self) -> list[psutil.Process]:
