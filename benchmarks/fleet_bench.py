@@ -1079,12 +1079,16 @@ def _per_task_text(per_task: dict[str, Any]) -> str:
         text += f" (of which waiting for a free slot on the node {per_task['queued_s']} s)"
     text += (
         f", on the node beside the compile {per_task['on_node_s']} s, back here and installed "
-        f"{per_task['back_s']} s; compiles running on the host at a dispatch: "
-        f"{per_task.get('running_at_dispatch')} on average of {per_task.get('slots')} slots, "
-        f"median dispatch to the node's start {per_task.get('to_node_ms_median_light')} ms "
-        f"sent while under half the slots ran, {per_task.get('to_node_ms_median_heavy')} ms "
-        f"while more did ({per_task.get('tasks_light_heavy')} tasks)"
+        f"{per_task['back_s']} s"
     )
+    if per_task.get("running_at_dispatch") is not None:
+        text += (
+            f"; compiles running on the host at a dispatch: {per_task['running_at_dispatch']} on "
+            f"average of {per_task['slots']} slots; median dispatch to the node's start "
+            f"{per_task['to_node_ms_median_light']} ms sent while under half the slots ran, "
+            f"{per_task['to_node_ms_median_heavy']} ms while more did "
+            f"({per_task['tasks_light_heavy']} tasks)"
+        )
     return text
 
 
