@@ -1,7 +1,7 @@
 """Compile on CPU nodes, measured: a dask cluster with no GPU serving a GPU process's autotunes.
 
     python -m benchmarks.fleet_bench [--out-dir DIR] [--rounds N] [--only gemm,helion,node-loss]
-        [--modes stock,local,cluster,native] [--timeout S]
+        [--modes stock,local,cluster,native] [--timeout S] [--alternations N]
     python -m benchmarks.fleet_bench --cpu-smoke [--out-dir DIR]   # no GPU: the plumbing only
 
 The parent starts one dask scheduler and ``--nodes`` (2) dask workers of ``--node-threads`` (8)
@@ -10,14 +10,16 @@ with ``CUDA_VISIBLE_DEVICES=""`` and every address bound to 127.0.0.1 (checked: 
 every cluster process), at the priority of the local executor's workers (the caller's benchmarks
 run beside them on one machine). It warms the nodes' pools once (``prewarm`` for this GPU's
 target: a standing cluster's pools are warm; later executors with the same initializer reuse
-them; this also brings torch and Triton into the page cache before the first measured run) and
-shares the cluster with every run that needs it. Each run is a fresh interpreter with a
-cold Triton cache (its own ``TRITON_CACHE_DIR``), timed by the parent from its start to its exit
-(**whole process**); rounds are interleaved. Every run's row is printed as soon as it ends and
-appended to ``DIR/fleet-runs.jsonl``, so a run cut short keeps what finished; the Markdown report
-is rewritten to ``DIR/fleet-bench.md`` after each row. At the end the cluster is torn down and
-every process the benchmark started, orphans included (the parent is their subreaper), must be
-gone.
+them; this also brings torch and Triton into the page cache before the first measured run),
+runs one trivial task per slot through the whole task path (a standing cluster has run tasks
+before; the first task a fresh dask cluster ever runs waits for dask's cold path, which held back
+the first measured run's whole first batch) and shares the cluster with every run that needs it.
+Each run is a fresh interpreter with a cold Triton cache (its own ``TRITON_CACHE_DIR``), timed by
+the parent from its start to its exit (**whole process**); rounds are interleaved. Every run's
+row is printed as soon as it ends and appended to ``DIR/fleet-runs.jsonl``, so a run cut short
+keeps what finished; the Markdown report is rewritten to ``DIR/fleet-bench.md`` after each row.
+At the end the cluster is torn down and every process the benchmark started, orphans included
+(the parent is their subreaper), must be gone.
 
 Scenarios and modes:
 
@@ -30,7 +32,10 @@ Scenarios and modes:
   process (every ``triton.compile`` here that was not a cache hit), and for ``cluster`` the
   **per-task cost**: for each compile done on a node, its wall time as this process sees it (from
   the dispatch to its node to its files installed here) less the compile's own time measured on
-  the node (``CompiledArtifacts.compile_time_s``), summed and divided by the compile time moved.
+  the node (``CompiledArtifacts.compile_time_s``), summed and divided by the compile time moved;
+  split with dask's task stream into dispatch to the node's start, on the node beside the
+  compile, and back here, with the wait for a busy node's slot counted apart and left out of the
+  judged figure (``DispatchProbe`` says how), and each task's times recorded in the row.
 * ``helion``: Helion's matmul 4096³ fp16 (``benchmarks.helion_bench``'s), a seeded
   ``RandomSearch`` of 32 configs in fork mode, 16 jobs: ``native`` (Helion alone), ``local``
   (``precompile_executor.helion.use()``), ``cluster`` (``helion.use(dask executor)``: each
@@ -39,6 +44,19 @@ Scenarios and modes:
   nodes the run says so (a marker file) and the parent SIGKILLs node 0's dask worker. The tune
   must end with stock's best config; the row counts the compiles sent again. The parent then
   starts a new node 0 (warmed) for later runs.
+
+The **chosen-kernel check** (``--alternations``, default 10; 0 skips it): each process's own
+timings of one config differ by several per cent (clocks, the GPU's state), so the configs the
+runs chose are not compared by the timings of the runs that chose them. After the runs, one more
+fresh process (a cold Triton cache) builds the GEMM's inputs, compiles each distinct config that
+a gemm or node-loss run chose and runs it once, untimed, then times them with stock Triton's own
+benchmark (``Autotuner._bench``, the autotuner's ``do_bench``), one after another, that many
+times; a run's choice passes when its median is within ``BEST_WITHIN`` of the stock run's choice
+(same round) or faster. Its rows (``scenario`` ``check``: a config, the runs that chose it, its
+timings) go to the JSON-lines file too. It runs only when the choices differ (the smoke runs it
+anyway, on the dry-run driver). Stock's own timing of a config is shown beside it, not judged.
+Helion's choices are still compared by the runs' own best timings (``best_ms``); each Helion row
+keeps its choice as ``best_json`` (``helion.Config.from_json``) for a side-by-side timing.
 
 ``--cpu-smoke`` runs the same parent and cluster (2 nodes × 1 thread) with no GPU: ``gemm``
 ``local`` and ``cluster`` and ``node-loss`` on 4 configs, on a dry-run sm_90 driver in the run
@@ -56,6 +74,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +115,10 @@ process the benchmark started to be gone."""
 PER_TASK_COST_TARGET = 0.05
 """The cluster's per-task cost must stay below this fraction of the compile time it moves."""
 BEST_WITHIN = 0.02
-"""A best config other than stock's passes when stock timed it within this of its own best."""
+"""A best config other than stock's passes when the chosen-kernel check times it within this of
+stock's choice (or faster)."""
+ALTERNATIONS = 10
+"""Rounds of the chosen-kernel check: each chosen config timed once a round, one after another."""
 WORKER_NICENESS = 10
 """The dask workers' niceness, which their pools' workers inherit: that of the local executor's
 workers (``precompile_executor.triton._prewarm.WORKER_NICENESS``), so both modes' compiles
@@ -154,14 +176,29 @@ class DispatchProbe:
     its future resolved here (after a compile's files were installed in this process's cache),
     and splits that time with dask's task stream (when the node's dask thread ran the task).
 
+    The split: ``to_node`` is from the dispatcher's ``send`` (``dask/_dispatch.py``:
+    ``Client.submit``, the scheduler, the node's event loop) to a dask thread of the node starting
+    ``run_task``; ``on_node`` is that thread's time less the compile's own; ``back`` is from the
+    thread's end to the future resolved here (the outcome fetched, the files installed). A task
+    sent to a node whose dask threads are all busy waits there for one: that wait is *queueing*,
+    not a cost of moving the compile, so it is counted apart. The dispatcher sends a node at most
+    its window (its dask threads) of tasks and frees a slot only once the task's outcome was
+    fetched here (``_cluster_state.py``, ``plan`` and ``take``), so a node's threads are normally
+    free when a task arrives; a task cancelled after its dispatch frees its caller-side slot at
+    once, before its node stops it. The queueing is replayed from the task stream: each node's
+    slots, filled in dispatch order, each held from a task's start to its end; a task waits
+    ``max(0, its node's earliest free slot - its dispatch)``.
+
     Measurement only: no public record holds the dispatch time, so the probe wraps the
-    dispatcher's ``send`` on this executor's own state; the executor's behaviour is unchanged.
+    dispatcher's ``send`` and ``take`` (the slot freed) on this executor's own state; the
+    executor's behaviour is unchanged.
     Times are ``time.time()``: the nodes' task stream uses it, and they share this machine's clock.
     """
 
     def __init__(self, executor: Any, client: Any) -> None:
-        self.sent: dict[Future[Any], tuple[str, float]] = {}
+        self.sent: dict[Future[Any], tuple[str, float, str, int]] = {}
         self.settled: dict[Future[Any], float] = {}
+        self.taken: dict[Future[Any], float] = {}
         self._client = client
         self._lock = threading.Lock()
         self._began = time.time()
@@ -170,13 +207,24 @@ class DispatchProbe:
         real_send = state.send
 
         def send(task: Any) -> None:
+            window = state.windows().get(task.node, 0)  # the node's slots when it got the task
             with self._lock:
-                self.sent[task.future] = (task.key, time.time())
+                self.sent[task.future] = (task.key, time.time(), task.node, window)
             # Added after the compile's own callback (installing the files here): it runs last.
             task.future.add_done_callback(self._settle)
             real_send(task)
 
         state.send = send
+        real_take = state.take
+
+        def take(task: Any) -> bool:
+            claimed: bool = real_take(task)
+            if claimed:  # the node's slot is free here again: its compute had ended before
+                with self._lock:
+                    self.taken[task.future] = time.time()
+            return claimed
+
+        state.take = take
 
     def _settle(self, future: Future[Any]) -> None:
         with self._lock:
@@ -185,7 +233,7 @@ class DispatchProbe:
     def summary(self) -> dict[str, Any]:
         """Per-task cost of the compiles that came back, and what happened to the others."""
         with self._lock:
-            sent, settled = dict(self.sent), dict(self.settled)
+            sent, settled, taken = dict(self.sent), dict(self.settled), dict(self.taken)
         ran: dict[str, tuple[float, float]] = {}
         try:
             for record in self._client.get_task_stream(start=self._began):
@@ -194,10 +242,35 @@ class DispatchProbe:
                         ran[str(record["key"])] = (step["start"], step["stop"])
         except Exception:  # noqa: BLE001 - the split is extra; the totals stand without it
             ran = {}
-        walls, compiles, sizes, hashes = [], [], [], []
-        split = {"to_node_s": 0.0, "on_node_s": 0.0, "back_s": 0.0, "split_tasks": 0}
+        # A dask worker shifts its task times by its estimate of the scheduler's clock offset
+        # (``Worker.scheduler_delay``, renewed at each heartbeat from its round trip): on one
+        # machine the clocks are the same and the estimate is noise that grows with the load,
+        # moving time between "to the node" and "back" (the sum stands: it is this process's
+        # clock). Each task's times are kept inside what is certain — started after its
+        # dispatch, ended before the dispatcher freed its slot (``take``, once the outcome was
+        # fetched) or its future resolved here — and each node's estimate at the end is
+        # recorded as the noise's scale.
+        try:
+            found = self._client.run(_clock_offset, on_error="return")
+        except Exception:  # noqa: BLE001 - the scale is extra
+            found = {}
+        offsets = {str(a): float(d) for a, d in found.items() if isinstance(d, int | float)}
+        for future, (key, at, _, _) in sent.items():
+            if key in ran:
+                began, ended = ran[key]
+                end_by = taken.get(future, settled.get(future, max(ended, at)))
+                ended = min(max(ended, at), end_by)
+                ran[key] = (min(max(began, at), ended), ended)
+        queued = replay_queueing(
+            [(key, at, node, window) for key, at, node, window in sent.values()], ran
+        )
+        walls, compiles, sizes, hashes, records = [], [], [], [], []
+        split = {"to_node_s": 0.0, "queued_s": 0.0, "on_node_s": 0.0, "back_s": 0.0,
+                 "split_tasks": 0}  # fmt: skip
         lost: dict[str, int] = {}
-        for future, (key, at) in sent.items():
+        nodes = sorted({node for _, _, node, _ in sent.values()})
+        windows = {node: window for _, _, node, window in sent.values()}
+        for future, (key, at, node, _) in sent.items():
             if future.cancelled():
                 lost["cancelled"] = lost.get("cancelled", 0) + 1
                 continue
@@ -219,24 +292,100 @@ class DispatchProbe:
             if key in ran:
                 began, ended = ran[key]
                 split["to_node_s"] += began - at
+                split["queued_s"] += queued.get(key, 0.0)
                 split["on_node_s"] += ended - began - float(compile_s)
                 split["back_s"] += settled[future] - ended
                 split["split_tasks"] += 1
+                records.append([nodes.index(node)] + [
+                    round(1e3 * (t - self._began), 1)
+                    for t in (at, began, ended, settled[future])
+                ] + [round(1e3 * float(compile_s), 1)])  # fmt: skip
         extra = sorted(w - c for w, c in zip(walls, compiles, strict=True))
         moved = sum(compiles)
+        unqueued = sum(extra) - split["queued_s"]
+        records.sort(key=lambda r: r[1])
         return {
             "tasks": len(walls),
             "compile_s": round(moved, 3),
             "task_wall_s": round(sum(walls), 3),
             "extra_s": round(sum(extra), 3),
             "per_task_cost": round(sum(extra) / moved, 4) if moved else None,
+            "per_task_cost_unqueued": round(unqueued / moved, 4) if moved else None,
             "extra_ms_median": round(1e3 * extra[len(extra) // 2], 1) if extra else None,
             "extra_ms_max": round(1e3 * extra[-1], 1) if extra else None,
             **{k: round(v, 3) for k, v in split.items()},
+            **to_node_by_load(records, sum(windows.values())),
+            "clock_offsets_ms": {
+                nodes.index(a): round(1e3 * d, 2) for a, d in offsets.items() if a in nodes
+            },  # fmt: skip
             "bytes": sum(sizes),
             "not_ok": lost,
             "hashes": hashes,
+            "records": records,
+            "records_fields": "node, dispatch, start, end, settled (ms from the probe's start), "
+            "compile ms",
         }
+
+
+def _clock_offset(dask_worker: Any) -> float:
+    """This dask worker's estimate of the scheduler's clock minus its own (``Client.run``)."""
+    return float(dask_worker.scheduler_delay)
+
+
+def replay_queueing(
+    sent: list[tuple[str, float, str, int]], ran: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Each task's wait on its node for a free slot (see :class:`DispatchProbe`).
+
+    Args:
+        sent: (key, dispatch time, node, the node's slots) of every task sent.
+        ran: key → (start, end) of every task a node's dask thread ran.
+
+    Returns:
+        key → seconds from its dispatch to its node's earliest free slot (0: a slot was free),
+        never more than the task's own dispatch-to-start time.
+    """
+    import heapq
+
+    by_node: dict[str, list[tuple[float, str, int]]] = {}
+    for key, at, node, window in sent:
+        if key in ran:
+            by_node.setdefault(node, []).append((at, key, window))
+    queued: dict[str, float] = {}
+    for tasks in by_node.values():
+        tasks.sort()
+        free = [float("-inf")] * max(1, tasks[0][2])  # when each slot is free again
+        for at, key, _ in tasks:
+            began, ended = ran[key]
+            slot_free = heapq.heappop(free)
+            queued[key] = min(max(0.0, slot_free - at), max(0.0, began - at))
+            heapq.heappush(free, ended)
+    return queued
+
+
+def running_at_dispatch(records: list[list[float]]) -> list[int]:
+    """For each record, the compiles running on all nodes (this one host) when it was sent: the
+    load its dispatch met (the nodes and the GPU process share the host's cores)."""
+    return [sum(1 for o in records if o[2] <= r[1] < o[3]) for r in records]
+
+
+def to_node_by_load(records: list[list[float]], slots: int) -> dict[str, Any]:
+    """The mean load a dispatch met, and the median dispatch-to-start (ms) of the tasks sent
+    while fewer than half of all slots ran a compile, and of those sent while more did: a
+    dispatch-to-start that grows with the load is the host's busy cores, not the cluster's path."""
+    if not records:
+        return {}
+    running = running_at_dispatch(records)
+    paired = list(zip(records, running, strict=True))
+    light = sorted(round(r[2] - r[1], 1) for r, n in paired if 2 * n < slots)
+    heavy = sorted(round(r[2] - r[1], 1) for r, n in paired if 2 * n >= slots)
+    return {
+        "running_at_dispatch": round(sum(running) / len(running), 2),
+        "slots": slots,
+        "to_node_ms_median_light": light[len(light) // 2] if light else None,
+        "to_node_ms_median_heavy": heavy[len(heavy) // 2] if heavy else None,
+        "tasks_light_heavy": [len(light), len(heavy)],
+    }
 
 
 def _cluster_executor(scheduler: str, target: str) -> tuple[Any, Any]:
@@ -467,6 +616,9 @@ def helion_run(mode: str, scheduler: str | None, configs: int, target: str) -> d
         best = kernel.autotune(args, force=True)
         row["autotune_s"] = round(time.perf_counter() - start, 3)
     row["best"] = str(best)
+    # The config itself, as Helion rebuilds it (helion.Config.from_json), for a later timing of
+    # the modes' choices side by side.
+    row["best_json"] = best.to_json() if hasattr(best, "to_json") else None
     if metrics:
         row["best_ms"] = metrics[-1].best_perf_ms
         row["configs_tested"] = metrics[-1].num_configs_tested
@@ -479,6 +631,48 @@ def helion_run(mode: str, scheduler: str | None, configs: int, target: str) -> d
         executor.shutdown()
         client.close()
     return row
+
+
+def check_run(choices: list[str], alternations: int, configs: int, smoke: bool) -> dict[str, Any]:
+    """The chosen-kernel check's body (a fresh interpreter, a cold Triton cache): each config of
+    ``choices`` compiled and run once, untimed, then all timed with stock Triton's own benchmark
+    (``Autotuner._bench``, hence the autotuner's ``do_bench``, as stock's tune times a config),
+    one after another, ``alternations`` times. Returns config → its timings in ms."""
+    import triton
+    from triton.runtime.driver import driver
+
+    from precompile_executor.examples.kernels import matmul_kernel
+
+    every = gemm_configs(configs)
+    named = {str(c): c for c in every}
+    missing = [c for c in choices if c not in named]
+    if missing:
+        raise ValueError(f"not among the benchmark's first {configs} configs: {missing}")
+    gpu, grid, args, _, bench = _gemm_inputs(smoke)
+    # Every config, so that the first call tunes (a single config skips the tune); the tune's
+    # prune step is replaced by the check, which then runs one config.
+    kernel = triton.autotune(configs=every, key=["M", "N", "K"], do_bench=bench)(matmul_kernel.fn)
+    times: dict[str, list[float]] = {c: [] for c in choices}
+
+    def time_choices(kwargs: dict[str, Any]) -> list[Any]:
+        # Autotuner.run's prune step, given the call's own keyword arguments (the grid, ...).
+        for c in choices:
+            kernel._bench(*args, config=named[c], **kwargs)  # the cold compile, untimed
+        for _ in range(alternations):
+            for c in choices:
+                times[c].append(float(kernel._bench(*args, config=named[c], **kwargs)[0]))
+        return [named[choices[0]]]
+
+    kernel.prune_configs = time_choices
+    previous = driver.__dict__.get("_active")
+    if gpu is not None:
+        driver.set_active(gpu)
+    try:
+        kernel[grid](*args)
+    finally:
+        if gpu is not None:
+            driver.set_active(previous)
+    return {"ms": times}
 
 
 def child_main(scenario: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -597,6 +791,11 @@ class LoopbackCluster:
             initargs=(target,),
         ) as executor:
             pids = executor.warm_up(timeout=CLUSTER_START_TIMEOUT_S)
+            # One task per slot through the whole task path (client, scheduler, node, pool):
+            # a standing cluster has run tasks before; the first ever pays dask's cold path.
+            slots = executor.statistics().slots
+            for f in [executor.submit(os.getpid) for _ in range(slots)]:
+                f.result(timeout=CLUSTER_START_TIMEOUT_S)
         return {"pool_pids": pids, "warm_s": round(time.perf_counter() - began, 2)}
 
     def processes(self) -> list[psutil.Process]:
@@ -764,6 +963,80 @@ def run_one(
     return row
 
 
+def _run_label(row: dict[str, Any]) -> str:
+    return f"{row['scenario']} {row['mode']} (round {row.get('round')})"
+
+
+def chosen_check(
+    rows: list[dict[str, Any]], args: argparse.Namespace, scratch: Path
+) -> list[dict[str, Any]]:
+    """The chosen-kernel check of the GEMM's runs, in one more fresh interpreter: its rows, one
+    per config some run chose (or one saying why it did not run). On GPU it runs only when the
+    runs chose different configs; the smoke runs it anyway, for its plumbing."""
+    chosen: dict[str, list[str]] = {}  # config -> the runs that chose it
+    for r in rows:
+        if r["scenario"] in ("gemm", "node-loss") and "best" in r:
+            chosen.setdefault(r["best"], []).append(_run_label(r))
+    base = {"scenario": "check", "mode": "gemm"}
+    if not chosen:
+        return []
+    if len(chosen) < 2 and not args.cpu_smoke:
+        return [{**base, "skipped": "every run chose the same config", "config": next(iter(chosen)),
+                 "chosen_by": next(iter(chosen.values()))}]  # fmt: skip
+    run_dir = Path(tempfile.mkdtemp(prefix="check-", dir=scratch))
+    choices, out = run_dir / "choices.json", run_dir / "check.json"
+    choices.write_text(json.dumps(sorted(chosen)))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(run_dir / "triton-cache"))
+    cmd = [sys.executable, "-m", "benchmarks.fleet_bench", "--check", str(choices),
+           "--json", str(out), "--alternations", str(args.alternations),
+           "--configs", str(args.configs), "--target", args.target]  # fmt: skip
+    if args.cpu_smoke:
+        cmd.append("--cpu-smoke")
+    start = time.perf_counter()
+    timed_out = False
+    with open(run_dir / "output.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    process_s = round(time.perf_counter() - start, 3)
+    if not out.exists():
+        tail = (run_dir / "output.log").read_text(errors="replace").strip().splitlines()[-20:]
+        error = "timed out" if timed_out else "\n".join(tail) or f"rc {proc.returncode}"
+        return [{**base, "error": error, "process_s": process_s}]
+    times: dict[str, list[float]] = json.loads(out.read_text())["ms"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    medians = {c: statistics.median(ms) if ms else None for c, ms in times.items()}
+    reference = "local" if args.cpu_smoke else "stock"
+    refs = [r["best"] for r in rows if r["scenario"] == "gemm" and r["mode"] == reference
+            and "best" in r]  # fmt: skip
+    theirs = medians.get(refs[-1]) if refs else None
+    return [
+        {**base, "config": config, "chosen_by": chosen[config],
+         "ms_median": None if m is None else round(m, 5), "ms": times[config],
+         f"vs_{reference}_choice": round(m / theirs, 4) if m is not None and theirs else None,
+         "alternations": args.alternations, "process_s": process_s}
+        for config, m in medians.items()
+    ]  # fmt: skip
+
+
+def _check_line(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"chosen-kernel check FAILED: {row['error'][-400:]}"
+    if "skipped" in row:
+        return f"chosen-kernel check skipped: {row['skipped']}"
+    ratio = next((f", {v:.3f}× {k[3:-7]}'s choice" for k, v in row.items()
+                  if k.startswith("vs_") and v is not None), "")  # fmt: skip
+    return (f"chosen-kernel check {row['ms_median']:.4f} ms (median of {len(row['ms'])}"
+            f"{ratio}) `{row['config']}`, chosen by {', '.join(row['chosen_by'])}")  # fmt: skip
+
+
 # -- the report ----------------------------------------------------------------------------------
 
 
@@ -795,18 +1068,38 @@ def _per_task_text(per_task: dict[str, Any]) -> str:
     cost = per_task.get("per_task_cost")
     if cost is None:
         return "not measured"
-    return (
-        f"{cost:.2%}: {per_task['extra_s']:.2f} s beside {per_task['compile_s']:.2f} s of "
-        f"compiling over {per_task['tasks']} tasks (median {per_task['extra_ms_median']} ms, "
+    unqueued = per_task.get("per_task_cost_unqueued")
+    text = (
+        f"as measured {cost:.2%}: {per_task['extra_s']:.2f} s beside {per_task['compile_s']:.2f} s"
+        f" of compiling over {per_task['tasks']} tasks (median {per_task['extra_ms_median']} ms, "
         f"max {per_task['extra_ms_max']} ms a task); summed over {per_task['split_tasks']} "
-        f"tasks: dispatch to the node's start {per_task['to_node_s']} s, on the node beside the "
-        f"compile {per_task['on_node_s']} s, back here and installed {per_task['back_s']} s"
+        f"tasks: dispatch to the node's start {per_task['to_node_s']} s"
     )
+    if unqueued is not None:
+        text += f" (of which waiting for a free slot on the node {per_task['queued_s']} s)"
+    text += (
+        f", on the node beside the compile {per_task['on_node_s']} s, back here and installed "
+        f"{per_task['back_s']} s"
+    )
+    if per_task.get("running_at_dispatch") is not None:
+        text += (
+            f"; compiles running on the host at a dispatch: {per_task['running_at_dispatch']} on "
+            f"average of {per_task['slots']} slots; median dispatch to the node's start "
+            f"{per_task['to_node_ms_median_light']} ms sent while under half the slots ran, "
+            f"{per_task['to_node_ms_median_heavy']} ms while more did "
+            f"({per_task['tasks_light_heavy']} tasks)"
+        )
+    return text
 
 
-def checks(rows: list[dict[str, Any]], smoke: bool) -> list[str]:
-    """One line per acceptance check: MET, MISSED or n/a."""
+def checks(
+    rows: list[dict[str, Any]], smoke: bool, checked: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """One line per acceptance check: MET, MISSED or n/a (``checked``: the chosen-kernel
+    check's rows)."""
     lines = []
+    checked = checked or []
+    medians = {c["config"]: c["ms_median"] for c in checked if c.get("ms_median") is not None}
 
     def mark(ok: bool | None) -> str:
         return "n/a" if ok is None else ("MET" if ok else "MISSED")
@@ -817,30 +1110,52 @@ def checks(rows: list[dict[str, Any]], smoke: bool) -> list[str]:
                 f"MISSED: {r['scenario']} {r['mode']} (round {r.get('round')}) ran to the end — "
                 f"{r['error'][-200:]!r}"
             )
+    for c in checked:
+        if "error" in c:
+            lines.append(f"MISSED: the chosen-kernel check ran to the end — {c['error'][-200:]!r}")
     reference = "local" if smoke else "stock"
-    ref = [r for r in rows if r["scenario"] == "gemm" and r["mode"] == reference and "best" in r]
+    refs = [r for r in rows if r["scenario"] == "gemm" and r["mode"] == reference and "best" in r]
     for r in rows:
         if r["scenario"] not in ("gemm", "node-loss") or r["mode"] == reference or "best" not in r:
             continue
-        same = bool(ref) and r["best"] == ref[-1]["best"]
-        ok: bool | None = same if ref else None
+        # The reference run of the same round (rounds interleave), else the last one.
+        ref = next(
+            (x for x in refs if x.get("round") == r.get("round")), refs[-1] if refs else None
+        )
+        same = ref is not None and r["best"] == ref["best"]
+        ok: bool | None = same if ref is not None else None
         note = "the same config" if same else "another config"
-        if ref and not same and not smoke:
-            of_it, best = _stock_time(rows, r["best"])
-            if of_it is not None and best:
-                ok = of_it <= best * (1 + BEST_WITHIN)
-                note += f", stock timed it {of_it / best:.3f}× its best"
+        if ref is not None and not same:
+            mine, theirs = medians.get(r["best"]), medians.get(ref["best"])
+            ok = None
+            if mine is not None and theirs:
+                ok = mine <= theirs * (1 + BEST_WITHIN)
+                note += (
+                    f": chosen-kernel check {mine:.4f} ms vs {theirs:.4f} ms, "
+                    f"{mine / theirs:.3f}× {reference}'s choice"
+                )
+            else:
+                note += ": no chosen-kernel check of both"
+            if not smoke:  # each process's own timings differ by several %: not judged
+                of_it, best = _stock_time(rows, r["best"])
+                if of_it is not None and best:
+                    note += f" (stock's own tune timed it {of_it / best:.3f}× its best)"
         lines.append(
-            f"{mark(ok)}: {r['scenario']} {r['mode']} best config as {reference}'s — {note}"
+            f"{mark(ok)}: {r['scenario']} {r['mode']} (round {r.get('round')}) best config as "
+            f"fast as {reference}'s (within {BEST_WITHIN:.0%}) — {note}"
         )
         per_task = r.get("per_task") or {}
-        cost = per_task.get("per_task_cost")
+        # Judged without the queueing (none by the dispatcher's design; see DispatchProbe);
+        # a row from before the split was recorded has only the figure as measured.
+        cost = per_task.get("per_task_cost_unqueued", per_task.get("per_task_cost"))
         if r["mode"] == "cluster" and r["scenario"] == "gemm":
             # On the smoke's two shared cores the figure means nothing: shown, not judged.
             met = None if cost is None or smoke else cost < PER_TASK_COST_TARGET
             lines.append(
                 f"{mark(met)}: gemm cluster per-task cost < {PER_TASK_COST_TARGET:.0%} of the "
-                f"compile time moved — {_per_task_text(per_task)}"
+                f"compile time moved, waits for a busy node's slot left out — "
+                f"{'not measured' if cost is None else f'{cost:.2%}'}; "
+                f"{_per_task_text(per_task)}"
             )
         if r["mode"] == "cluster":
             tasks = per_task.get("tasks", 0)
@@ -879,8 +1194,13 @@ def checks(rows: list[dict[str, Any]], smoke: bool) -> list[str]:
     return lines
 
 
-def report(rows: list[dict[str, Any]], info: dict[str, Any], smoke: bool) -> str:
-    """The Markdown report of every run so far."""
+def report(
+    rows: list[dict[str, Any]],
+    info: dict[str, Any],
+    smoke: bool,
+    checked: list[dict[str, Any]] | None = None,
+) -> str:
+    """The Markdown report of every run so far (``checked``: the chosen-kernel check's rows)."""
     lines = [f"Compile on CPU nodes: {info['stamp']}", ""]
     cluster = info.get("cluster", {})
     lines += [
@@ -925,7 +1245,11 @@ def report(rows: list[dict[str, Any]], info: dict[str, Any], smoke: bool) -> str
             f"| {r['scenario']} | {r['mode']} | {r['process_s']:.1f} | {' | '.join(cells)} | "
             f"`{r.get('best')}` |"
         )
-    lines += ["", "Checks:", ""] + [f"* {line}" for line in checks(rows, smoke)]
+    if checked:
+        lines += ["", "Chosen-kernel check (one fresh process, stock Triton's `do_bench`, the "
+                  "configs timed one after another, median ms):", ""]  # fmt: skip
+        lines += [f"* {_check_line(c)}" for c in checked]
+    lines += ["", "Checks:", ""] + [f"* {line}" for line in checks(rows, smoke, checked)]
     return "\n".join(lines) + "\n"
 
 
@@ -989,13 +1313,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-threads", type=int, default=None)
     parser.add_argument("--configs", type=int, default=None, help="gemm configs (at most 48)")
     parser.add_argument("--helion-configs", type=int, default=HELION_CONFIGS)
+    parser.add_argument("--alternations", type=int, default=ALTERNATIONS,
+                        help="rounds of the chosen-kernel check (0: no check)")  # fmt: skip
     parser.add_argument("--target", default=None, help="default: this GPU's (cuda:90 smoke)")
     parser.add_argument("--scheduler", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=2, metavar=("SCENARIO", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--check", type=Path, metavar="CHOICES", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.configs is None:
         args.configs = SMOKE_CONFIGS if args.cpu_smoke else GEMM_CONFIGS
+    if args.check:
+        choices = json.loads(args.check.read_text())
+        result = check_run(choices, args.alternations, args.configs, args.cpu_smoke)
+        args.json.write_text(json.dumps(result))
+        return 0
     if args.child:
         row = child_main(args.child[0], args.child[1], args)
         args.json.write_text(json.dumps(row))
@@ -1015,6 +1347,7 @@ def main(argv: list[str] | None = None) -> int:
     subreaper = become_subreaper()
     info: dict[str, Any] = {"stamp": _stamp(args), "subreaper": subreaper}
     rows: list[dict[str, Any]] = []
+    checked: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
     started = time.perf_counter()
     needs_cluster = any(m == "cluster" for _, m in plan)
@@ -1039,6 +1372,14 @@ def main(argv: list[str] | None = None) -> int:
                     report_path.write_text(report(rows, info, args.cpu_smoke))
                     print(f"[{time.perf_counter() - started:6.1f}s] round {round_ + 1} "
                           f"{_row_line(row)}", flush=True)  # fmt: skip
+            if args.alternations > 0:
+                for row in chosen_check(rows, args, scratch):
+                    checked.append(row)
+                    with open(runs_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    report_path.write_text(report(rows, info, args.cpu_smoke, checked))
+                    print(f"[{time.perf_counter() - started:6.1f}s] {_check_line(row)}",
+                          flush=True)  # fmt: skip
     except KeyboardInterrupt:
         interrupted = True
         print("interrupted: tearing the cluster down", flush=True)
@@ -1054,7 +1395,7 @@ def main(argv: list[str] | None = None) -> int:
             for log in sorted(scratch.glob("*.log"))
         }
         shutil.rmtree(scratch, ignore_errors=True)
-    text = report(rows, info, args.cpu_smoke)
+    text = report(rows, info, args.cpu_smoke, checked)
     after = info.get("cluster_after", {})
     on_gpu = after.get("cluster_pids_on_the_gpu")
     lines = [

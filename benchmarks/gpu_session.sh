@@ -135,9 +135,11 @@ case "${1:-tests}" in
     # CUDA hidden serve a 48-config @triton.autotune GEMM and a Helion autotune (stock/native,
     # use(), use(cluster)), then a node SIGKILLed mid-tune. Each run's row is appended to
     # $OUT/fleet-runs.jsonl as it ends. FLEET_ROUNDS (1), FLEET_ONLY ("gemm,node-loss"),
-    # FLEET_MODES ("stock,cluster"), FLEET_RUN_TIMEOUT (s per run, 180).
+    # FLEET_MODES ("stock,cluster"), FLEET_RUN_TIMEOUT (s per run, 180), FLEET_ALTERNATIONS (rounds
+    # of the chosen-kernel check after the runs, 10; 0 skips it).
     timeout "${FLEET_TIMEOUT:-560}" python3 -m benchmarks.fleet_bench --out-dir "$OUT" \
       --rounds "${FLEET_ROUNDS:-1}" --timeout "${FLEET_RUN_TIMEOUT:-180}" \
+      ${FLEET_ALTERNATIONS:+--alternations $FLEET_ALTERNATIONS} \
       ${FLEET_ONLY:+--only $FLEET_ONLY} ${FLEET_MODES:+--modes $FLEET_MODES} \
       2>&1 | tee "$OUT/fleet-bench.log" | tail -60 ;;
   inductor-probe)
