@@ -330,7 +330,14 @@ def breakdown(record: dict[str, Any]) -> list[str]:
     for name, label in INSTRUMENT_LINES:
         if name in seen:
             lines.append(f"[{head}]   {label}: {seen[name]['n']} calls, {seen[name]['s']:.2f} s")
-    for key in ("counters", "ptxas", "worker_env", "triton_cache", "children_cpu"):
+    for key in (
+        "counters",
+        "ptxas",
+        "worker_env",
+        "triton_cache",
+        "children_cpu",
+        "executor_timeline",
+    ):
         if record.get(key):
             lines.append(f"[{head}]   {key}: {json.dumps(record[key], sort_keys=True)}")
     if "ours" in record:
