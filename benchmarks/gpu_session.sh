@@ -159,7 +159,8 @@ case "${1:-tests}" in
       ${INDUCTOR_ONLY:+--only $INDUCTOR_ONLY} 2>&1 | tee "$OUT/inductor-bench.log" | tail -80 ;;
   inductor-probe)
     # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed;
-    # "ours,ours-cost-order": Inductor's compiles in the order it sent them vs the executor's order.
+    # "ours,ours-cost-order": Inductor's compiles in the order it sent them vs the executor's order;
+    # "ours,ours-warm": the default executor started at use() vs warm before the model is built.
     timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
       --deadline "${PROBE_DEADLINE:-115}" \
       ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;

@@ -44,13 +44,15 @@ from typing import Any
 
 from benchmarks import inductor_bench
 
-VARIANTS = ("ours", "stock", "ours-before", "ours-cost-order")
+VARIANTS = ("ours", "stock", "ours-before", "ours-cost-order", "ours-warm")
 """``ours-before``: ``use()`` without the two things that keep the caller from compiling again
 what the workers compiled (a template choice's kernel landing where benchmarking runs it; the
 caller's Triton on the workers' ``ptxas``): what ``use()`` did when max-autotune was 2x stock.
 ``ours-cost-order``: ``use()`` with Inductor's compiles in the executor's own order (priority,
 then the longest predicted) instead of the order Inductor sent them
-(``state.in_submission_order = False``; docs/inductor.md, "Order of the compiles")."""
+(``state.in_submission_order = False``; docs/inductor.md, "Order of the compiles").
+``ours-warm``: ``install()`` before the model is built, so the default executor's workers are
+warm when the compile starts (``ours`` starts them at ``use()``, just before the compile)."""
 DEFAULT_VARIANTS = ("ours", "stock")
 PROGRESS_INTERVAL_S = 5.0
 """How often a child rewrites its progress file."""
@@ -64,6 +66,11 @@ PROFILE_ROWS = 25
 def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
     import torch
     from torch import nn
+
+    if spec["variant"] == "ours-warm":
+        import precompile_executor.inductor as pe_inductor
+
+        pe_inductor.install()  # the default executor warms while the model is built
 
     torch.manual_seed(0)
     width = spec["width"]
