@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import itertools
 import os
 import threading
 import time
@@ -338,3 +339,69 @@ def triton_cache_census(cache_dir: str | None) -> dict[str, Any]:
         "extra_entries": sum(n - 1 for n in twice.values()),
         "examples": dict(list(twice.items())[:8]),
     }
+
+
+def timeline_summary(rows: Any, since: float | None = None) -> dict[str, Any]:
+    """Where an executor's compiles waited, from its ``timeline()`` rows (Inductor's tasks).
+
+    * ``first_queued_s``/``first_started_s``/``last_done_s``: from ``since`` (a
+      ``time.monotonic()`` reading, e.g. ``use()`` entry), if given;
+    * ``in_worker_s``: each task's ``started`` to ``done`` (median, sum);
+    * ``queued_to_started_s``: how long tasks waited to start (median, max);
+    * ``worker_idle_with_backlog_s``: for consecutive tasks on one worker where the next was
+      already queued when the first was done, ``done`` to the next ``sent`` — the caller's
+      round trip that hands a worker its next task (median, max, sum);
+    * ``done_to_settled_s``: a returned result to its future being set (median, max, sum);
+    * ``busy_fraction``: in-worker seconds over workers × (first start to last done).
+    """
+    import statistics
+
+    tasks = [
+        r
+        for r in rows
+        if r.started is not None and r.done is not None and "worker_env" not in r.function
+    ]
+    if not tasks:
+        return {}
+
+    def stats(values: list[float], *keys: str) -> dict[str, float]:
+        out = {
+            "median": statistics.median(values) if values else 0.0,
+            "max": max(values, default=0.0),
+            "sum": sum(values),
+        }
+        return {k: round(out[k], 4) for k in keys}
+
+    gaps: list[float] = []
+    by_worker: dict[int, list[Any]] = collections.defaultdict(list)
+    for row in tasks:
+        by_worker[row.worker_pid].append(row)
+    for runs in by_worker.values():
+        runs.sort(key=lambda r: r.started)
+        for before, after in itertools.pairwise(runs):
+            if after.sent is not None and after.queued is not None and after.queued <= before.done:
+                gaps.append(after.sent - before.done)
+    in_worker = [r.done - r.started for r in tasks]
+    first_start = min(r.started for r in tasks)
+    last_done = max(r.done for r in tasks)
+    span = max(1e-9, (last_done - first_start) * len(by_worker))
+    summary: dict[str, Any] = {
+        "tasks": len(tasks),
+        "workers": len(by_worker),
+        "in_worker_s": stats(in_worker, "median", "sum"),
+        "queued_to_started_s": stats(
+            [r.started - r.queued for r in tasks if r.queued is not None], "median", "max"
+        ),
+        "worker_idle_with_backlog_s": stats(gaps, "median", "max", "sum"),
+        "done_to_settled_s": stats(
+            [r.settled - r.done for r in tasks if r.settled is not None], "median", "max", "sum"
+        ),
+        "busy_fraction": round(sum(in_worker) / span, 3),
+    }
+    if since is not None:
+        summary |= {
+            "first_queued_s": round(min(r.queued or r.started for r in tasks) - since, 3),
+            "first_started_s": round(first_start - since, 3),
+            "last_done_s": round(last_done - since, 3),
+        }
+    return summary

@@ -12,6 +12,8 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
+#     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
 #   bash benchmarks/gpu_session.sh inductor-probe  # torch.compile max-autotune: where the time goes,
 #     stock vs use() (benchmarks.inductor_probe; everything under $OUT/inductor-probe as it goes)
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
@@ -142,8 +144,25 @@ case "${1:-tests}" in
       ${FLEET_ALTERNATIONS:+--alternations $FLEET_ALTERNATIONS} \
       ${FLEET_ONLY:+--only $FLEET_ONLY} ${FLEET_MODES:+--modes $FLEET_MODES} \
       2>&1 | tee "$OUT/fleet-bench.log" | tail -60 ;;
+  inductor)
+    # benchmarks/inductor_bench.py: GPT-2-width decoder and ResNet-18-shaped network, default and
+    # max-autotune, stock vs use(), each run a fresh process with cold caches. Runs accumulate in
+    # INDUCTOR_RESULTS (kept on the machine between calls: bench-out/ is not replaced; remove it to
+    # start afresh), and each call reports all of them; INDUCTOR_ROUNDS (1) rounds per call,
+    # INDUCTOR_MODELS ("gpt2"), INDUCTOR_MODES ("max-autotune") or INDUCTOR_ONLY
+    # ("gpt2:max-autotune,convnet:default") pick a part of a round; INDUCTOR_TIMEOUT (s, whole
+    # call), INDUCTOR_RUN_TIMEOUT (s per process).
+    mkdir -p bench-out
+    timeout "${INDUCTOR_TIMEOUT:-580}" python3 -m benchmarks.inductor_bench \
+      --out "$OUT/inductor-bench.json" --rounds "${INDUCTOR_ROUNDS:-1}" \
+      --results "${INDUCTOR_RESULTS:-bench-out/inductor-runs.jsonl}" \
+      --process-timeout "${INDUCTOR_RUN_TIMEOUT:-280}" \
+      ${INDUCTOR_MODELS:+--models $INDUCTOR_MODELS} ${INDUCTOR_MODES:+--modes $INDUCTOR_MODES} \
+      ${INDUCTOR_ONLY:+--only $INDUCTOR_ONLY} 2>&1 | tee "$OUT/inductor-bench.log" | tail -80 ;;
   inductor-probe)
-    # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed.
+    # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed;
+    # "ours,ours-cost-order": Inductor's compiles in the order it sent them vs the executor's order;
+    # "ours,ours-warm": the default executor started at use() vs warm before the model is built.
     timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
       --deadline "${PROBE_DEADLINE:-115}" \
       ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;

@@ -1,8 +1,9 @@
 """Cold-cache ``torch.compile``: Inductor's own compile pool vs ``precompile_executor.inductor``.
 
     python -m benchmarks.inductor_bench [--models gpt2,convnet] [--modes default,max-autotune]
-        [--rounds 3] [--layers 2] [--seq 256] [--batch 4] [--image 224] [--cnn-batch 16]
-        [--process-timeout 600] [--out FILE.json]
+        [--only gpt2:max-autotune,...] [--rounds 3] [--layers 2] [--seq 256] [--batch 4]
+        [--image 224] [--cnn-batch 16] [--process-timeout 600] [--out FILE.json]
+        [--results RUNS.jsonl]
     python -m benchmarks.inductor_bench --smoke          # CPU, tiny sizes, one round
 
 Every measurement is one fresh interpreter with empty Inductor and Triton caches (its own
@@ -34,8 +35,11 @@ has 12; the kernels are the same for every block, so fewer blocks mostly saves t
 (``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels).
 
 Writes one JSON record per process (``--out``) with the machine and versions, and prints a table
-per model and mode. ``--smoke`` runs a tiny decoder on the CPU (C++ kernels), default mode, one
-round: what ``tests/test_inductor_bench.py`` runs.
+per model and mode. ``--results RUNS.jsonl`` spreads rounds over several calls (a device call
+has a time limit): the runs found there with the same sizes are reported with this call's, and
+each of this call's runs is appended to it as it ends; ``--only model:mode,...`` (or
+``--models``/``--modes``) runs a part of a round. ``--smoke`` runs a tiny decoder on the CPU
+(C++ kernels), default mode, one round: what ``tests/test_inductor_bench.py`` runs.
 """
 
 from __future__ import annotations
@@ -326,7 +330,14 @@ def breakdown(record: dict[str, Any]) -> list[str]:
     for name, label in INSTRUMENT_LINES:
         if name in seen:
             lines.append(f"[{head}]   {label}: {seen[name]['n']} calls, {seen[name]['s']:.2f} s")
-    for key in ("counters", "ptxas", "worker_env", "triton_cache", "children_cpu"):
+    for key in (
+        "counters",
+        "ptxas",
+        "worker_env",
+        "triton_cache",
+        "children_cpu",
+        "executor_timeline",
+    ):
         if record.get(key):
             lines.append(f"[{head}]   {key}: {json.dumps(record[key], sort_keys=True)}")
     if "ours" in record:
@@ -404,9 +415,9 @@ def run_child(
 # -- the driver ---------------------------------------------------------------------------------
 
 
-def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
     device = "cpu" if args.smoke else "cuda"
-    sizes: dict[str, Any] = {
+    return {
         "device": device,
         "layers": args.layers,
         "width": 64 if args.smoke else 768,
@@ -418,12 +429,64 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         "cnn_batch": args.cnn_batch,
         "channels": [8, 16] if args.smoke else [64, 128, 256, 512],
     }
+
+
+def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sizes = _sizes(args)
     return [
         {"model": model, "mode": mode, "variant": variant, **sizes}
-        for model in args.models
-        for mode in args.modes
+        for model, mode in args.cells
         for variant in args.variants
     ]
+
+
+SIZE_KEYS = ("device", "layers", "width", "heads", "vocab", "seq", "batch", "image", "cnn_batch")
+"""The spec's sizes: a saved run is reported with this call's only if all of them match."""
+
+
+def parse_only(text: str) -> list[tuple[str, str]]:
+    """``"gpt2:max-autotune,convnet:default"`` → the (model, mode) cells to run.
+
+    Raises:
+        ValueError: an item is not ``model:mode`` of the known models and modes.
+    """
+    cells = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        model, _, mode = item.partition(":")
+        if model not in MODELS or mode not in MODES:
+            raise ValueError(
+                f"--only takes model:mode items (models {','.join(MODELS)}, modes "
+                f"{','.join(MODES)}), got {item!r}"
+            )
+        cells.append((model, mode))
+    if not cells:
+        raise ValueError("--only names no model:mode")
+    return cells
+
+
+def load_results(path: Path | None, sizes: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records an earlier call appended to ``path`` (JSON lines) with these ``sizes``."""
+    if path is None or not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        spec = record.get("spec", {})
+        if all(spec.get(k) == sizes.get(k) for k in SIZE_KEYS):
+            records.append(record)
+    return records
+
+
+def save_result(path: Path | None, record: dict[str, Any]) -> None:
+    """Append one record to ``path`` (JSON lines), as soon as its run ends."""
+    if path is None:
+        return
+    with path.open("a") as saved:
+        saved.write(json.dumps(record) + "\n")
 
 
 def _median(values: list[float]) -> float:
@@ -539,6 +602,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cnn-batch", type=int, default=16)
     parser.add_argument("--process-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, help="write the records and the stamp as JSON")
+    parser.add_argument(
+        "--only",
+        help="comma-separated model:mode cells to run (instead of --models × --modes), e.g. "
+        "gpt2:max-autotune,convnet:default",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="a JSON-lines file: runs found there (same sizes) are reported with this call's, "
+        "and this call's runs are appended to it as each ends (rounds spread over calls)",
+    )
     args = parser.parse_args(argv)
     if args.child is not None:
         record = child(json.loads(args.child))
@@ -560,31 +634,51 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{name} takes a comma-separated subset of {','.join(allowed)}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.only is not None:
+        try:
+            args.cells = parse_only(args.only)
+        except ValueError as exc:
+            parser.error(str(exc))
+    else:
+        args.cells = [(model, mode) for model in args.models for mode in args.modes]
     command = " ".join(["python -m benchmarks.inductor_bench", *(argv or sys.argv[1:])])
     info = _stamp(command)
     print(json.dumps(info, indent=1), flush=True)
     specs = _specs(args)
+    saved = load_results(args.results, _sizes(args))
+    if saved:
+        print(
+            f"{len(saved)} runs found in {args.results} are reported with this call's", flush=True
+        )
     records = []
     for round_ in range(args.rounds):
         for spec in specs:  # interleaved: every model, mode and variant once per round
             spec = {**spec, "round": round_}
             record = run_child(spec, args.process_timeout)
             records.append(record)
+            save_result(args.results, record)
             print(
                 f"round {round_ + 1}/{args.rounds} {spec['model']} {spec['mode']} "
                 f"{spec['variant']}: ok={record['ok']} wall {record['process_wall_s']:.2f} s",
                 flush=True,
             )
             print("\n".join(breakdown(record)), flush=True)
-    report = _report(records, args.models, args.modes)
-    if "max-autotune" in args.modes and (3, 11, 0) <= sys.version_info[:3] <= (3, 11, 8):
+    everything = saved + records
+    cells = {(r["spec"]["model"], r["spec"]["mode"]) for r in everything}
+    report = _report(
+        everything,
+        [m for m in MODELS if any(c[0] == m for c in cells)],
+        [m for m in MODES if any(c[1] == m for c in cells)],
+    )
+    old_python = (3, 11, 0) <= sys.version_info[:3] <= (3, 11, 8)
+    if old_python and any(mode == "max-autotune" for _, mode in cells):
         report += (
             "\n\nNote: on Python 3.11.0 to 3.11.8 Inductor skips max-autotune's precompile step"
             " (python/cpython#106905): template choices compile when first benchmarked."
         )
     print(report, flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps({"stamp": info, "records": records}, indent=1))
+        args.out.write_text(json.dumps({"stamp": info, "records": everything}, indent=1))
     return 0 if all(r["ok"] and r["equal"] for r in records) else 1
 
 

@@ -44,10 +44,15 @@ from typing import Any
 
 from benchmarks import inductor_bench
 
-VARIANTS = ("ours", "stock", "ours-before")
+VARIANTS = ("ours", "stock", "ours-before", "ours-cost-order", "ours-warm")
 """``ours-before``: ``use()`` without the two things that keep the caller from compiling again
 what the workers compiled (a template choice's kernel landing where benchmarking runs it; the
-caller's Triton on the workers' ``ptxas``): what ``use()`` did when max-autotune was 2x stock."""
+caller's Triton on the workers' ``ptxas``): what ``use()`` did when max-autotune was 2x stock.
+``ours-cost-order``: ``use()`` with Inductor's compiles in the executor's own order (priority,
+then the longest predicted) instead of the order Inductor sent them
+(``state.in_submission_order = False``; docs/inductor.md, "Order of the compiles").
+``ours-warm``: ``install()`` before the model is built, so the default executor's workers are
+warm when the compile starts (``ours`` starts them at ``use()``, just before the compile)."""
 DEFAULT_VARIANTS = ("ours", "stock")
 PROGRESS_INTERVAL_S = 5.0
 """How often a child rewrites its progress file."""
@@ -61,6 +66,11 @@ PROFILE_ROWS = 25
 def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
     import torch
     from torch import nn
+
+    if spec["variant"] == "ours-warm":
+        import precompile_executor.inductor as pe_inductor
+
+        pe_inductor.install()  # the default executor warms while the model is built
 
     torch.manual_seed(0)
     width = spec["width"]
@@ -157,17 +167,33 @@ def child(spec: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         daemon=True,
     )
     progress.start()
+    entered: list[float] = []
+
+    def before_use() -> None:
+        if variant == "ours-before":
+            _without_landing()
+        if variant == "ours-cost-order":
+            from precompile_executor.inductor import state
+
+            state.in_submission_order = False
+        entered.append(time.monotonic())  # the executor's timeline is on this clock
+
     try:
         partial_at = started + late if late else None
         record = inductor_bench.child(
-            spec,
-            _build,
-            _profiled(out_dir, variant, partial_at),
-            _without_landing if variant == "ours-before" else None,
+            spec, _build, _profiled(out_dir, variant, partial_at), before_use
         )
     finally:
         stop.set()
         faulthandler.cancel_dump_traceback_later()
+    if variant.startswith("ours"):
+        from benchmarks import _inductor_instruments as instruments
+        from precompile_executor.inductor import state
+
+        if state.default is not None:
+            record["executor_timeline"] = instruments.timeline_summary(
+                state.default.timeline(), entered[0] if entered else None
+            )
     from torch._dynamo import utils
 
     metrics = getattr(utils, "compilation_time_metrics", {})

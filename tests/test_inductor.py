@@ -236,6 +236,57 @@ def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
     assert inductor.statistics() == after
 
 
+GATE_WAIT_S = 120.0
+"""Longest a gated task holds its worker."""
+
+
+def _wait_for_file(path: str) -> None:
+    """A task that holds its worker until ``path`` exists (at most ``GATE_WAIT_S``); its only
+    argument is a path, so its cost is predicted from its function alone, as every Inductor
+    compile's is (their arguments are a kernel loader, paths and flags)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + GATE_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("in_order", [True, False], ids=["submission-order", "cost-order"])
+def test_inductors_compiles_start_in_the_order_inductor_submitted_them(
+    tmp_path: Path, in_order: bool
+) -> None:
+    # Inductor waits for what it submitted in about the order it submitted it (a template's
+    # choices before the next template's), as its own pool runs it. The executor's cost order
+    # would start compiles submitted after a first duration was observed (predicted: that
+    # duration) before those queued earlier (predicted: nothing known), every Inductor compile
+    # being predicted from one function. One worker: the start order is the queue's order.
+    from torch._inductor.async_compile import AsyncCompile
+
+    open_gate, first_gate, always = tmp_path / "open", tmp_path / "first", tmp_path / "second"
+    always.touch()
+    inductor.state.in_submission_order = in_order  # the fixture's reset() sets it back
+    with PrecompileExecutor(1) as ex, inductor.use(ex):
+        pool = AsyncCompile.process_pool()
+        first = pool.submit(_wait_for_file, str(first_gate))  # runs at once: nothing known
+        early = [pool.submit(_wait_for_file, str(open_gate))]  # runs next, held open
+        early += [pool.submit(_wait_for_file, str(always)) for _ in range(2)]
+        first_gate.touch()
+        first.result(timeout=WAIT_S)  # a duration is known now
+        late = [pool.submit(_wait_for_file, str(always)) for _ in range(2)]
+        open_gate.touch()
+        for future in [*early, *late]:
+            future.result(timeout=WAIT_S)
+        rows = ex.timeline()
+    assert len(rows) == 6 and all(row.started is not None for row in rows)
+    started = [row.task_id for row in sorted(rows, key=lambda row: row.started or 0.0)]
+    first_id = min(started)
+    if in_order:
+        assert started == sorted(started)
+    else:  # the executor's order: the two sent last start before the two queued before them
+        assert started == [first_id + i for i in (0, 1, 4, 5, 2, 3)]
+
+
 TRITON_KERNEL_SOURCE = """
 import triton
 import triton.language as tl

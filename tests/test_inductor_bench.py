@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from benchmarks import inductor_bench  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 840
 
@@ -25,9 +27,10 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def test_the_smoke_run_compiles_stock_and_on_the_executor_equal_to_eager(tmp_path: Path) -> None:
-    out = tmp_path / "records.json"
+    out, runs = tmp_path / "records.json", tmp_path / "runs.jsonl"
+    command = [sys.executable, "-m", "benchmarks.inductor_bench", "--smoke", "--out", str(out)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.inductor_bench", "--smoke", "--out", str(out)],
+        [*command, "--results", str(runs)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -50,3 +53,20 @@ def test_the_smoke_run_compiles_stock_and_on_the_executor_equal_to_eager(tmp_pat
     (ours,) = [r for r in records if r["spec"]["variant"] == "ours"]
     assert ours["ours"]["compiles"]["cpp"] > 0
     assert ours["ours"]["compiles"]["failed"] == 0
+
+    # Each run was appended to --results as it ended: a later call reports them with its own.
+    saved = [json.loads(line) for line in runs.read_text().splitlines()]
+    assert sorted(r["spec"]["variant"] for r in saved) == ["ours", "stock"]
+    sizes = saved[0]["spec"]
+    assert len(inductor_bench.load_results(runs, sizes)) == 2
+    assert inductor_bench.load_results(runs, sizes | {"layers": sizes["layers"] + 1}) == []
+
+
+def test_only_names_model_mode_cells_and_refuses_anything_else() -> None:
+    assert inductor_bench.parse_only("gpt2:max-autotune, convnet:default") == [
+        ("gpt2", "max-autotune"),
+        ("convnet", "default"),
+    ]
+    for bad in ("gpt2", "gpt2:fast", "bert:default", ","):
+        with pytest.raises(ValueError, match="--only"):
+            inductor_bench.parse_only(bad)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -47,6 +48,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from .. import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
+from .._base import BaseExecutor
 
 log = logging.getLogger("precompile_executor.inductor")
 
@@ -219,7 +221,8 @@ class ExecutorPool:
         else:
             kind = "other"
         COUNTS.sent(kind)
-        return CompileFuture(self.executor.submit(fn, *args, **kwargs), forget, land)
+        executor = in_submission_order(self.executor)
+        return CompileFuture(executor.submit(fn, *args, **kwargs), forget, land)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Nothing: the executor is the caller's (or the shared default), not Inductor's."""
@@ -227,6 +230,34 @@ class ExecutorPool:
 
 def _nothing() -> None:
     pass
+
+
+_submitted = itertools.count(1)
+"""Numbers Inductor's compiles in the order they were sent (``next()`` is atomic in CPython)."""
+
+
+def in_submission_order(executor: Executor) -> Executor:
+    """``executor``, or a view of it under which this compile starts after every compile of
+    Inductor's sent before it (``state.in_submission_order``, the default).
+
+    Inductor waits for its compiles in about the order it sent them: a template's choices,
+    then the next template's (a fusion decision waits for one template's), then each fused
+    candidate; its own pool runs them first come, first served. The executor's cost order
+    would not: every Inductor compile is predicted from one function (its arguments are a
+    kernel loader, paths and flags), so those sent before a first duration was observed
+    (nothing known: predicted 0) would start after those sent later (predicted: the mean),
+    and the first template's choices could be the last to start. Priorities just below the
+    executor's own, falling with each compile and staying above ``own - 1``, order them among
+    themselves alone (tests/test_inductor.py,
+    ``test_inductors_compiles_start_in_the_order_inductor_submitted_them``). An executor
+    without ``options()`` is used as it is.
+    """
+    from ._state import STATE
+
+    if not STATE.in_submission_order or not isinstance(executor, BaseExecutor):
+        return executor
+    own = executor._options.priority  # this package's executor: its (or its view's) priority
+    return executor.options(priority=own - 1.0 + 1.0 / (1 + next(_submitted)))
 
 
 def _triton_source(load_kernel: Any) -> str | None:
@@ -376,7 +407,8 @@ class Routes:
     def submit_cpp(executor: Executor, task: Any, kind: str) -> CompileFuture:
         """Send one C++ build (``partial(_worker_compile_cpp, ...)``) to ``executor``."""
         COUNTS.sent(kind)
-        return CompileFuture(executor.submit(task), functools.partial(_forget_cpp, task))
+        ordered = in_submission_order(executor)
+        return CompileFuture(ordered.submit(task), functools.partial(_forget_cpp, task))
 
     def make_precompile_fn(self, selector: Any, /, *args: Any, **kwargs: Any) -> Any:
         """``AlgorithmSelectorCache.make_precompile_fn``: Inductor's, with the Triton compiles it

@@ -49,6 +49,10 @@ class InductorState:
         lock: guards :attr:`default` and :attr:`warming` (never held while asking the scope).
         default: the default executor, once built.
         warming: the default executor's background warm-up thread, once started.
+        in_submission_order: whether Inductor's compiles start in the order Inductor sent them
+            (the default, as in Inductor's own pool), each just below the executor's own
+            priority; ``False``: in the executor's own order (priority, then the longest
+            predicted). See ``docs/inductor.md``, "Order of the compiles".
     """
 
     def __init__(self) -> None:
@@ -60,6 +64,7 @@ class InductorState:
         self.lock = threading.Lock()
         self.default: PrecompileExecutor | None = None
         self.warming: threading.Thread | None = None
+        self.in_submission_order = True
 
     def connect(self, patch: Callable[[], None], restore: Callable[[], None]) -> None:
         """Called once by the seam at its import: how to patch Inductor and put it back."""
@@ -92,7 +97,8 @@ class InductorState:
         3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
            thread, which that stop ends;
         4. forgets the default executor and its warm-up thread (the next ``use()`` builds a new
-           one) and sets the compile counts back to zero.
+           one), sets the compile counts back to zero and :attr:`in_submission_order` back to
+           ``True``.
         """
         self.scope.reset()
         with self.lock:
@@ -104,6 +110,7 @@ class InductorState:
         if warming is not None:
             warming.join(RESET_JOIN_S)
         self.counts.reset()
+        self.in_submission_order = True
 
 
 STATE = InductorState()
