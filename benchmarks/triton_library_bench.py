@@ -86,7 +86,8 @@ def _fla_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
 
     The decay is ``g_gamma`` (one log-decay per head, as RetNet's retention), not a gate per
     token (``g``): fla 0.6.0 refuses its gated ``chunk_bwd_dqkwg`` on Hopper with Triton
-    3.4–3.7.0 (``fla/ops/common/chunk_o.py``, fla issue #640), and the device runs Triton 3.6.
+    3.4–3.7.0 (``fla/ops/common/chunk_o.py``;
+    https://github.com/fla-org/flash-linear-attention/issues/640), and the device runs Triton 3.6.
     """
     import torch
     from fla.ops.simple_gla import chunk_simple_gla
