@@ -112,16 +112,21 @@ class Guardian:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._watched: set[int] = set()
 
     def _ensure(self) -> subprocess.Popen[bytes]:
         # Callers hold self._lock: two threads must never start two guardians.
         if self._proc is None or self._proc.poll() is not None:
+            if self._proc is not None and self._proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()  # the pipe to a guardian that died
             self._proc = subprocess.Popen(
                 [sys.executable, "-S", "-c", _GUARDIAN_CODE],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
+            self._watched = set()  # a new guardian knows nothing yet
         return self._proc
 
     def fileno(self) -> int:
@@ -131,21 +136,33 @@ class Guardian:
             assert proc.stdin is not None
             return proc.stdin.fileno()
 
-    def _send(self, line: str) -> None:
+    def _send(self, op: str, pgid: int) -> None:
         with self._lock:
             proc = self._ensure()
+            if op == "+":
+                if pgid in self._watched:
+                    return
+                self._watched.add(pgid)
+            else:
+                self._watched.discard(pgid)
             assert proc.stdin is not None
             with contextlib.suppress(OSError, ValueError):
-                proc.stdin.write(line.encode())
+                proc.stdin.write(f"{op}{pgid}\n".encode())
                 proc.stdin.flush()
 
     def watch(self, pgid: int) -> None:
-        """Kill group ``pgid`` if this process dies before :meth:`forget` is called for it."""
-        self._send(f"+{pgid}\n")
+        """Kill group ``pgid`` if this process dies before :meth:`forget` is called for it.
+
+        A group already watched is not sent again: a worker is watched from its birth (or its
+        template's ``Forked``) and again at its hello, in whichever order they come, and each
+        write to the pipe gives up the GIL on the hub's monitor thread, which a caller busy in
+        C code may hold for long (the hellos of 17 workers took 5.2 s there on an H200 during a
+        max-autotune compile: docs/gpu-runs.md, "`torch.compile`")."""
+        self._send("+", pgid)
 
     def forget(self, pgid: int) -> None:
         """Stop watching group ``pgid`` (it is gone)."""
-        self._send(f"-{pgid}\n")
+        self._send("-", pgid)
 
     def stop(self) -> None:
         """Close the pipe with nothing registered: the guardian exits without killing."""
