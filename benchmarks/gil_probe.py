@@ -1,0 +1,187 @@
+"""A caller that holds the GIL: how fast do tasks still flow through the pool?
+
+    python -m benchmarks.gil_probe [--against REV] [--rounds 5] [--workers 4] [--tasks 48]
+        [--task-ms 20] [--hog-ms 50]
+
+An autotuning process is rarely idle while its compiles run: Inductor traces and lowers the
+next graph, Triton's autotuner benchmarks or compiles a config in the caller, and much of that
+is C code that keeps the GIL for tens of milliseconds. Every message between a worker and this
+library's hub (a worker's hello, a task's ``Started`` and ``Done``, the next task sent) is
+handled by a thread of the caller, which needs the GIL back after each pipe read or write; the
+stdlib's pool has the same shape (its management thread), Inductor's own pool a sidecar process.
+
+Each measurement is a child interpreter that starts a *hog* thread — ``sorted()`` of a list
+sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of ``--workers``
+(so the workers' start-up messages meet the hog), maps ``--tasks`` tasks that each sleep
+``--task-ms`` in the worker, and reports the time from the pool's creation to the first result
+and to the last; the same without the hog gives the quiet baseline. Pools: this tree's
+``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
+extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
+and ``concurrent.futures.ProcessPoolExecutor`` (fork). Rounds interleave the pools (the order
+rotates), and medians are printed as a Markdown table with the machine and versions. The ideal
+with a free caller is ``tasks × task-ms / workers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ._common import median
+
+CHILD_TIMEOUT_S = 300.0
+
+
+def _sized_list(hog_ms: float) -> list[float]:
+    """A list whose ``sorted()`` takes about ``hog_ms`` (one C call: the GIL held throughout)."""
+    import random
+
+    rng = random.Random(0)
+    size = 10_000
+    while True:
+        data = [rng.random() for _ in range(size)]
+        start = time.perf_counter()
+        sorted(data)
+        took_ms = (time.perf_counter() - start) * 1e3
+        if took_ms >= hog_ms or size > 50_000_000:
+            return data
+        size = int(size * max(1.5, min(10.0, hog_ms / max(took_ms, 0.01))))
+
+
+def _sleep_ms(ms: float) -> float:
+    time.sleep(ms / 1e3)
+    return ms
+
+
+def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement, in this interpreter: the pool started while the hog runs (or not)."""
+    stop = threading.Event()
+    data = _sized_list(args.hog_ms) if args.hog else []
+
+    def hog() -> None:
+        while not stop.is_set():
+            sorted(data)
+
+    if args.hog:
+        threading.Thread(target=hog, daemon=True).start()
+    start = time.perf_counter()
+    if pool == "stdlib":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor: Any = ProcessPoolExecutor(
+            args.workers, mp_context=multiprocessing.get_context("fork")
+        )
+    else:
+        import precompile_executor
+
+        executor = precompile_executor.PrecompileExecutor(args.workers)
+    first = None
+    with executor:
+        for _ in executor.map(_sleep_ms, [args.task_ms] * args.tasks):
+            if first is None:
+                first = time.perf_counter() - start
+        last = time.perf_counter() - start
+    stop.set()
+    return {"pool": pool, "hog": args.hog, "first_s": first, "last_s": last}
+
+
+def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.gil_probe",
+        "--child",
+        pool,
+        "--workers",
+        str(args.workers),
+        "--tasks",
+        str(args.tasks),
+        "--task-ms",
+        str(args.task_ms),
+        "--hog-ms",
+        str(args.hog_ms),
+        *(["--hog"] if hog else []),
+    ]
+    out = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
+    )
+    if out.returncode != 0:
+        return {"pool": pool, "hog": hog, "error": out.stderr.strip().splitlines()[-1:]}
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the probe (or, with ``--child``, one measurement of it)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", help="a commit, or a directory with precompile_executor/")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--tasks", type=int, default=48)
+    parser.add_argument("--task-ms", type=float, default=20.0)
+    parser.add_argument("--hog-ms", type=float, default=50.0)
+    parser.add_argument("--child", choices=("this", "against", "stdlib"), help=argparse.SUPPRESS)
+    parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return 0
+    repo = str(Path(__file__).resolve().parent.parent)
+    paths = {"this": repo, "stdlib": repo}
+    label = {"this": "this tree", "stdlib": "stdlib ProcessPoolExecutor (fork)"}
+    with tempfile.TemporaryDirectory(prefix="pe-gil-probe-") as scratch:
+        if args.against:
+            from .s9_versus import extract
+
+            name = extract(args.against, Path(scratch))
+            paths["against"] = f"{scratch}{os.pathsep}{repo}"
+            label["against"] = f"against {name}"
+        pools = list(paths)
+        rows: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+        for r in range(args.rounds):
+            order = pools[r % len(pools) :] + pools[: r % len(pools)]
+            for pool in order:
+                for hog in (True, False):
+                    got = _run_child(pool, paths[pool], args, hog)
+                    rows.setdefault((pool, hog), []).append(got)
+                    print(f"round {r + 1} {pool:8} hog={hog!s:5} {got}", flush=True)
+    from ._common import version
+
+    ideal = args.tasks * args.task_ms / 1e3 / args.workers
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
+        f"python {sys.version.split()[0]}, loky {version('loky')}; `python -m "
+        f"benchmarks.gil_probe {' '.join(sys.argv[1:])}`: {args.workers} workers, "
+        f"{args.tasks} tasks of {args.task_ms:g} ms (ideal {ideal:.2f} s), the caller's hog "
+        f"holding the GIL {args.hog_ms:g} ms a call; medians of {args.rounds} rounds.\n"
+    )
+    print("| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet |")
+    print("|---|---|---|---|")
+    for pool in pools:
+        cells = []
+        values: dict[bool, float] = {}
+        for key in ("first_s", "last_s"):
+            pair = []
+            for hog in (True, False):
+                good = [x[key] for x in rows[(pool, hog)] if key in x]
+                value = median(good) if good else float("nan")
+                pair.append(f"{value:.2f}")
+                if key == "last_s":
+                    values[hog] = value
+            cells.append(" / ".join(pair))
+        print(f"| {label[pool]} | {cells[0]} | {cells[1]} | {values[True] / values[False]:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
