@@ -130,3 +130,26 @@ def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]
+
+
+@pytest.mark.timeout(240)
+def test_gil_probe_measures_each_pool_with_and_without_the_hog(tmp_path: Path) -> None:
+    # --against a directory: the same tree, linked (no git history needed).
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gil_probe", "--rounds", "1", "--workers", "1"]
+        + ["--tasks", "3", "--task-ms", "1", "--hog-ms", "2", "--against", str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
+    assert len(runs) == 6 and not any("error" in line for line in runs), done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "/" in line]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| pool",
+        "| this tree",
+        "| stdlib ProcessPoolExecutor (fork)",
+        f"| against {REPO}",
+    ]
