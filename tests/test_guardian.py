@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,56 +27,52 @@ class _Recorder:
         return getattr(self.pipe, name)
 
 
-def _sleeper() -> subprocess.Popen[bytes]:
-    """A process that leads its own group and would live a minute."""
-    return subprocess.Popen(
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that leads its own group and would live a minute (killed after the test)."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
     )
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=20)
 
 
 @pytest.mark.timeout(60)
-def test_a_group_watched_twice_is_sent_once_and_still_killed_when_the_parent_goes() -> None:
+def test_a_group_watched_twice_is_sent_once_and_still_killed_when_the_parent_goes(
+    child: subprocess.Popen[bytes],
+) -> None:
     guardian = Guardian()
     guardian.fileno()  # starts it
     proc = guardian._proc
     assert proc is not None
     recorder = _Recorder(proc.stdin)
     proc.stdin = recorder  # type: ignore[assignment]
-    child = _sleeper()
-    try:
-        # Watched at birth, then again at its hello: one line; forgotten and watched again (a
-        # pid the system reused): both lines.
-        guardian.watch(child.pid)
-        guardian.watch(child.pid)
-        guardian.forget(child.pid)
-        guardian.watch(child.pid)
-        assert recorder.lines == [f"+{child.pid}", f"-{child.pid}", f"+{child.pid}"]
-        # The pipe closes as it does when the parent dies: the guardian kills what is watched.
-        proc.stdin = recorder.pipe
-        guardian.stop()
-        assert child.wait(timeout=20) == -9
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=20)
+    # Watched at birth, then again at its hello: one line; forgotten and watched again (a pid
+    # the system reused): both lines.
+    guardian.watch(child.pid)
+    guardian.watch(child.pid)
+    guardian.forget(child.pid)
+    guardian.watch(child.pid)
+    assert recorder.lines == [f"+{child.pid}", f"-{child.pid}", f"+{child.pid}"]
+    # The pipe closes as it does when the parent dies: the guardian kills what is watched.
+    proc.stdin = recorder.pipe
+    guardian.stop()
+    assert child.wait(timeout=20) == -9
 
 
 @pytest.mark.timeout(60)
-def test_a_new_guardian_is_told_of_a_group_the_old_one_watched() -> None:
+def test_a_new_guardian_is_told_of_a_group_the_old_one_watched(
+    child: subprocess.Popen[bytes],
+) -> None:
     guardian = Guardian()
-    child = _sleeper()
-    try:
-        guardian.watch(child.pid)
-        old = guardian._proc
-        assert old is not None
-        old.kill()  # the guardian died: the next call starts another, which knows nothing yet
-        old.wait(timeout=20)
-        time.sleep(0.1)
-        guardian.watch(child.pid)
-        assert guardian._proc is not old
-        guardian.stop()
-        assert child.wait(timeout=20) == -9
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=20)
+    guardian.watch(child.pid)
+    old = guardian._proc
+    assert old is not None
+    old.kill()  # the guardian died: the next call starts another, which knows nothing yet
+    old.wait(timeout=20)
+    guardian.watch(child.pid)
+    assert guardian._proc is not old
+    guardian.stop()
+    assert child.wait(timeout=20) == -9
