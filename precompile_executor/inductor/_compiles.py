@@ -118,6 +118,18 @@ class Counts:
 COUNTS: Final = Counts()
 """The process's counts; ``_state.InductorState.counts`` holds this object."""
 
+
+@dataclasses.dataclass
+class Ordering:
+    """Whether Inductor's compiles start in the order Inductor sent them
+    (:func:`in_submission_order`); ``_state.InductorState.in_submission_order`` reads and
+    sets it (kept here so that this module needs nothing from ``_state``)."""
+
+    in_submission_order: bool = True
+
+
+ORDERING: Final = Ordering()
+
 _template_targets: contextvars.ContextVar[TemplateTargets | None] = contextvars.ContextVar(
     "precompile_executor_inductor_template", default=None
 )
@@ -252,9 +264,7 @@ def in_submission_order(executor: Executor) -> Executor:
     ``test_inductors_compiles_start_in_the_order_inductor_submitted_them``). An executor
     without ``options()`` is used as it is.
     """
-    from ._state import STATE
-
-    if not STATE.in_submission_order or not isinstance(executor, BaseExecutor):
+    if not ORDERING.in_submission_order or not isinstance(executor, BaseExecutor):
         return executor
     own = executor._options.priority  # this package's executor: its (or its view's) priority
     return executor.options(priority=own - 1.0 + 1.0 / (1 + next(_submitted)))

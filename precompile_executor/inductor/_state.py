@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._scope import OFF, Scope
-from ._compiles import COUNTS, Counts
+from ._compiles import COUNTS, ORDERING, Counts
 
 if TYPE_CHECKING:
     from .. import PrecompileExecutor
@@ -49,10 +49,6 @@ class InductorState:
         lock: guards :attr:`default` and :attr:`warming` (never held while asking the scope).
         default: the default executor, once built.
         warming: the default executor's background warm-up thread, once started.
-        in_submission_order: whether Inductor's compiles start in the order Inductor sent them
-            (the default, as in Inductor's own pool), each just below the executor's own
-            priority; ``False``: in the executor's own order (priority, then the longest
-            predicted). See ``docs/inductor.md``, "Order of the compiles".
     """
 
     def __init__(self) -> None:
@@ -64,7 +60,18 @@ class InductorState:
         self.lock = threading.Lock()
         self.default: PrecompileExecutor | None = None
         self.warming: threading.Thread | None = None
-        self.in_submission_order = True
+
+    @property
+    def in_submission_order(self) -> bool:
+        """Whether Inductor's compiles start in the order Inductor sent them (the default, as in
+        Inductor's own pool), each just below the executor's own priority; ``False``: in the
+        executor's own order (priority, then the longest predicted). See
+        ``docs/inductor.md``, "Order of the compiles"."""
+        return ORDERING.in_submission_order
+
+    @in_submission_order.setter
+    def in_submission_order(self, value: bool) -> None:
+        ORDERING.in_submission_order = value
 
     def connect(self, patch: Callable[[], None], restore: Callable[[], None]) -> None:
         """Called once by the seam at its import: how to patch Inductor and put it back."""
