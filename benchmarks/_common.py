@@ -212,6 +212,18 @@ def git_revision() -> str:
     return "?"
 
 
+def package_digest() -> str:
+    """A short digest of the package's source files: which code ran, where the working tree's
+    commit is not known (the GPU machine's copy of the tree carries a stale git head)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent / "precompile_executor"
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def stamp(cores: int, command: str) -> dict[str, str]:
     """Machine, versions and date: printed beside every table and figure."""
     cpu = platform.processor() or platform.machine()

@@ -320,6 +320,7 @@ def child(library: str, mode: str, out: Path) -> None:
         "tune_s": sum(t["tune_s"] or 0.0 for t in tunes),
         "floor_s": sum(t["floor_s"] for t in tunes),
         "executor": executor,
+        "package": _package_digest(),
     }
     out.write_text(json.dumps(result))
 
@@ -418,6 +419,12 @@ def run(argv: list[str], timeout_s: float) -> tuple[dict[str, Any], float]:
     return result, wall_s
 
 
+def _package_digest() -> str:
+    from benchmarks._common import package_digest
+
+    return package_digest()
+
+
 def load_results(
     path: Path | None, libraries: list[str], modes: list[str]
 ) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -498,6 +505,13 @@ def report(
 ) -> str:
     """The Markdown report: per library a run table, a per-kernel table and the check."""
     lines = ["# First training step of Triton libraries: stock vs ours", "", info, ""]
+    digests = sorted({r.get("package", "?") for runs in results.values() for r in runs})
+    if len(digests) > 1:
+        lines += [
+            f"**The runs come from {len(digests)} versions of the package** "
+            f'({", ".join(digests)}; "?": a row without its digest).',
+            "",
+        ]
     libraries = sorted({lib for lib, _ in results})
     for lib in libraries:
         modes = [m for m in MODES if (lib, m) in results]
