@@ -70,6 +70,9 @@ class Scope:
         activate: called (under the scope's lock) when the first holder arrives; it may raise to
             refuse, and then nothing is opened.
         deactivate: called (under the lock) when the last holder leaves.
+        connected_by: the module that gives ``activate``/``deactivate`` later, through
+            :meth:`connect`, when it is imported (an integration's seam); a holder arriving
+            before that is a bug (the seam was not imported) and raises ``AssertionError``.
     """
 
     def __init__(
@@ -78,16 +81,23 @@ class Scope:
         *,
         activate: Callable[[], None] | None = None,
         deactivate: Callable[[], None] | None = None,
+        connected_by: str | None = None,
     ) -> None:
         self.name = name
         self._activate = activate
         self._deactivate = deactivate
+        self._connected_by = connected_by
         self._lock = threading.RLock()
         self._open: list[Block] = []  # entry order; the newest last
         self._installed: Block | None = None
         self._own: contextvars.ContextVar[tuple[Block, ...]] = contextvars.ContextVar(
             f"precompile_executor_{name}_blocks", default=()
         )
+
+    def connect(self, activate: Callable[[], None], deactivate: Callable[[], None]) -> None:
+        """Give the callbacks a seam defines (``connected_by``): called once, at its import."""
+        with self._lock:
+            self._activate, self._deactivate = activate, deactivate
 
     # -- holders -----------------------------------------------------------------------------
 
@@ -182,8 +192,12 @@ class Scope:
         return len(self._open) + (self._installed is not None)
 
     def _hold(self) -> None:
-        if self._holders() == 0 and self._activate is not None:
-            self._activate()  # may raise: nothing has been opened yet
+        if self._holders() == 0:
+            assert self._activate is not None or self._connected_by is None, (
+                f"{self._connected_by} is not imported"
+            )
+            if self._activate is not None:
+                self._activate()  # may raise: nothing has been opened yet
 
     def _release(self) -> None:
         if self._holders() == 0 and self._deactivate is not None:

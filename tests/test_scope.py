@@ -167,6 +167,18 @@ def test_a_refused_activation_opens_nothing():
     assert scope.current() is OFF
 
 
+def test_a_scope_connected_by_a_seam_opens_nothing_before_the_seam_connects_it():
+    calls = []
+    scope = Scope("t", connected_by="some.seam")
+    with pytest.raises(AssertionError, match="some.seam is not imported"):
+        scope.enter("ex")
+    assert not scope.active()
+    scope.connect(lambda: calls.append("on"), lambda: calls.append("off"))
+    block = scope.enter("ex")
+    scope.exit(block)
+    assert calls == ["on", "off"]
+
+
 def test_reset_closes_everything_once():
     calls = []
     scope = Scope("t", deactivate=lambda: calls.append("off"))

@@ -278,7 +278,7 @@ def _restore() -> None:
         setattr(owner, name, original)
 
 
-STATE.connect(_patch, _restore)
+STATE.scope.connect(_patch, _restore)
 
 
 # -- the public forms ---------------------------------------------------------------------------

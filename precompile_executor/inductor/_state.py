@@ -22,7 +22,6 @@ the scope.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._scope import OFF, Scope
@@ -52,9 +51,7 @@ class InductorState:
     """
 
     def __init__(self) -> None:
-        self.scope = Scope("inductor", activate=self._activate, deactivate=self._deactivate)
-        self._patch: Callable[[], None] | None = None
-        self._restore: Callable[[], None] | None = None
+        self.scope = Scope("inductor", connected_by="precompile_executor.inductor._seam")
         self.saved: list[tuple[type, str, Any]] = []
         self.counts: Counts = COUNTS
         self.lock = threading.Lock()
@@ -72,18 +69,6 @@ class InductorState:
     @in_submission_order.setter
     def in_submission_order(self, value: bool) -> None:
         ORDERING.in_submission_order = value
-
-    def connect(self, patch: Callable[[], None], restore: Callable[[], None]) -> None:
-        """Called once by the seam at its import: how to patch Inductor and put it back."""
-        self._patch, self._restore = patch, restore
-
-    def _activate(self) -> None:
-        assert self._patch is not None, "precompile_executor.inductor._seam is not imported"
-        self._patch()
-
-    def _deactivate(self) -> None:
-        if self._restore is not None:
-            self._restore()
 
     def executor(self) -> Any:
         """The scope's executor for a compile starting now in this context: an executor,

@@ -195,7 +195,7 @@ def _deactivate() -> None:
         setattr(Autotuner, name, STATE.originals[name])
 
 
-STATE.connect(_activate, _deactivate)
+STATE.scope.connect(_activate, _deactivate)
 
 
 def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -60,26 +59,14 @@ class TritonState:
     """
 
     def __init__(self) -> None:
-        self.scope = Scope("triton_autotune", activate=self._activate, deactivate=self._deactivate)
-        self._patch: Callable[[], None] | None = None
-        self._restore: Callable[[], None] | None = None
+        self.scope = Scope(
+            "triton_autotune", connected_by="precompile_executor.triton._autotune_seam"
+        )
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.default: Executor | None = None
         self.warming: threading.Thread | None = None
         self.announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
-
-    def connect(self, patch: Callable[[], None], restore: Callable[[], None]) -> None:
-        """Called once by the seam at its import: how to patch Triton and put it back."""
-        self._patch, self._restore = patch, restore
-
-    def _activate(self) -> None:
-        assert self._patch is not None, "precompile_executor.triton._autotune_seam is not imported"
-        self._patch()
-
-    def _deactivate(self) -> None:
-        if self._restore is not None:
-            self._restore()
 
     def executor(self) -> Any:
         """The scope's executor for an autotune starting now in this context: an executor,
