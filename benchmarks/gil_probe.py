@@ -1,6 +1,6 @@
 """A caller that holds the GIL: how fast do tasks still flow through the pool?
 
-    python -m benchmarks.gil_probe [--against REV] [--rounds 5] [--workers 4] [--tasks 48]
+    python -m benchmarks.gil_probe [--against REV ...] [--rounds 5] [--workers 4] [--tasks 48]
         [--task-ms 20] [--hog-ms 50]
 
 An autotuning process is rarely idle while its compiles run: Inductor traces and lowers the
@@ -14,7 +14,9 @@ Each measurement is a child interpreter that starts a *hog* thread — ``sorted(
 sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of ``--workers``
 (so the workers' start-up messages meet the hog), maps ``--tasks`` tasks that each sleep
 ``--task-ms`` in the worker, and reports the time from the pool's creation to the first result
-and to the last; the same without the hog gives the quiet baseline. Pools: this tree's
+and to the last, then the time the same batch takes again on the now warm pool (dispatch alone);
+the same without the hog gives the quiet baseline. The import of the pool's module is timed
+apart (``import_s`` in each row), not in these. Pools: this tree's
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
 extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
 and ``concurrent.futures.ProcessPoolExecutor`` (fork). Rounds interleave the pools (the order
@@ -72,26 +74,43 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
 
     if args.hog:
         threading.Thread(target=hog, daemon=True).start()
+    # The import is timed apart: a library is imported before its caller gets busy, and each
+    # file an import opens is a system call that hands the GIL to the hog for a whole slice.
     start = time.perf_counter()
-    if pool == "stdlib":
+    if pool == "stdlib":  # every other pool is a PrecompileExecutor, of the tree on the path
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
-
+    else:
+        import precompile_executor
+    imported = time.perf_counter() - start
+    start = time.perf_counter()
+    if pool == "stdlib":
         executor: Any = ProcessPoolExecutor(
             args.workers, mp_context=multiprocessing.get_context("fork")
         )
     else:
-        import precompile_executor
-
         executor = precompile_executor.PrecompileExecutor(args.workers)
     first = None
+    tasks = [args.task_ms] * args.tasks
     with executor:
-        for _ in executor.map(_sleep_ms, [args.task_ms] * args.tasks):
+        for _ in executor.map(_sleep_ms, tasks):
             if first is None:
                 first = time.perf_counter() - start
         last = time.perf_counter() - start
+        # The same batch again on the warm pool: dispatch alone, no start-up.
+        again = time.perf_counter()
+        for _ in executor.map(_sleep_ms, tasks):
+            pass
+        warm = time.perf_counter() - again
     stop.set()
-    return {"pool": pool, "hog": args.hog, "first_s": first, "last_s": last}
+    return {
+        "pool": pool,
+        "hog": args.hog,
+        "import_s": imported,
+        "first_s": first,
+        "last_s": last,
+        "warm_s": warm,
+    }
 
 
 def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) -> dict[str, Any]:
@@ -124,13 +143,18 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
 def main(argv: list[str] | None = None) -> int:
     """Run the probe (or, with ``--child``, one measurement of it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", help="a commit, or a directory with precompile_executor/")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        help="a commit, or a directory with precompile_executor/ (may be given more than once)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=48)
     parser.add_argument("--task-ms", type=float, default=20.0)
     parser.add_argument("--hog-ms", type=float, default=50.0)
-    parser.add_argument("--child", choices=("this", "against", "stdlib"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # this, stdlib, or against-N
     parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -140,12 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = {"this": repo, "stdlib": repo}
     label = {"this": "this tree", "stdlib": "stdlib ProcessPoolExecutor (fork)"}
     with tempfile.TemporaryDirectory(prefix="pe-gil-probe-") as scratch:
-        if args.against:
+        for i, rev in enumerate(args.against):
             from .s9_versus import extract
 
-            name = extract(args.against, Path(scratch))
-            paths["against"] = f"{scratch}{os.pathsep}{repo}"
-            label["against"] = f"against {name}"
+            into = Path(scratch) / str(i)
+            into.mkdir()
+            name = extract(rev, into)
+            paths[f"against-{i}"] = f"{into}{os.pathsep}{repo}"
+            label[f"against-{i}"] = f"against {name}"
         pools = list(paths)
         rows: dict[tuple[str, bool], list[dict[str, Any]]] = {}
         for r in range(args.rounds):
@@ -165,21 +191,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.tasks} tasks of {args.task_ms:g} ms (ideal {ideal:.2f} s), the caller's hog "
         f"holding the GIL {args.hog_ms:g} ms a call; medians of {args.rounds} rounds.\n"
     )
-    print("| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet |")
-    print("|---|---|---|---|")
+    print(
+        "| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet "
+        "| warm pool, same batch s (hog / quiet) | hog ÷ quiet |"
+    )
+    print("|---|---|---|---|---|---|")
     for pool in pools:
         cells = []
-        values: dict[bool, float] = {}
-        for key in ("first_s", "last_s"):
-            pair = []
+        for key in ("first_s", "last_s", "warm_s"):
+            values: dict[bool, float] = {}
             for hog in (True, False):
                 good = [x[key] for x in rows[(pool, hog)] if key in x]
-                value = median(good) if good else float("nan")
-                pair.append(f"{value:.2f}")
-                if key == "last_s":
-                    values[hog] = value
-            cells.append(" / ".join(pair))
-        print(f"| {label[pool]} | {cells[0]} | {cells[1]} | {values[True] / values[False]:.2f} |")
+                values[hog] = median(good) if good else float("nan")
+            cells.append(f"{values[True]:.2f} / {values[False]:.2f}")
+            if key != "first_s":
+                cells.append(f"{values[True] / values[False]:.2f}")
+        print(f"| {label[pool]} | {' | '.join(cells)} |")
     return 0
 
 

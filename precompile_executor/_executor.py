@@ -21,7 +21,8 @@ the code", walks it)::
       │  one per path; futures stay PENDING (cancel() works)
       │  pump: while tasks in flight < max_workers, take the best head →
       ├── spawn ──► Send(idle worker, task)   (none idle: its WorkerManager adopts a pooled one
-      │                                        or launches one)
+      │                                        or launches one; still none: Send ahead to a
+      │                                        worker whose task is predicted to end soon)
       └── fork ───► Fork(task)
       ▼
     Hub.run(actions)                                                _hub       (lock released)
@@ -33,7 +34,8 @@ the code", walks it)::
       │  Hub.dispatch:                                              _hub
       Started → the task's clock starts (its deadline counts from here)
       Done    → Scheduler.task_returned: its Started→Done time to its cost model; _close:
-                DONE, one Settle action; the worker's next task written to it first; then
+                DONE, one Settle action; the worker's next task (the one sent ahead, else one
+                written to it now) first; then
                 the Settler sets the future: a plain result on the monitor at the end of its
                 round, else on a settle thread (unpickle the result, or rebuild the exception
                 as a RemoteError proxy); once nothing is left, the cost history is saved

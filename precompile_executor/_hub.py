@@ -73,7 +73,7 @@ from ._messages import (
     Started,
     Stop,
     encode,
-    write_frame,
+    send_frame,
 )
 from ._monitor import Monitor
 from ._reaper import Reaper, reap_child
@@ -226,7 +226,7 @@ class Hub:
             try:
                 if conn is None or conn.closed:
                     raise OSError("socket closed")
-                write_frame(conn.fileno(), message)  # send_bytes' bytes; the send_lock held
+                send_frame(conn.fileno(), message)  # send_bytes' bytes; the send_lock held
             except (OSError, ValueError):
                 # The worker is dying; its end of file (read by the monitor) puts the task,
                 # which never started, back in the queue.
@@ -283,10 +283,10 @@ class Hub:
                 if live and task.kill_order is None and worker is not None:
                     task.kill_order = KillOrder("killed", now, detail)
                     victims.append((task, worker))
+        pids = {w.pid for _, w in victims if w.pid}  # a task sent ahead shares its worker's
         threads = [
-            threading.Thread(target=_process.kill_group, args=(w.pid, grace_s), daemon=True)
-            for _, w in victims
-            if w.pid
+            threading.Thread(target=_process.kill_group, args=(pid, grace_s), daemon=True)
+            for pid in pids
         ]
         for thread in threads:
             thread.start()

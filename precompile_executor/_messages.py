@@ -17,6 +17,7 @@ import struct
 from typing import Any, NamedTuple, Union
 
 from ._errors import ErrorRecord
+from ._held_io import send_now
 
 Outcome = tuple[bool, Any]
 """One call's outcome: ``(True, cloudpickled value)`` or ``(False, ErrorRecord)``."""
@@ -132,7 +133,22 @@ def write_frame(fd: int, data: bytes) -> None:
         _write_all(fd, data)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def send_frame(fd: int, data: bytes) -> None:
+    """:func:`write_frame` for the caller's side (the hub): a frame the socket's buffer takes at
+    once is sent keeping the GIL (:func:`._held_io.send_now`: a thread of the caller busy in C
+    code would otherwise hold it as long as it likes before this thread got it back); the rest,
+    if any, is written as :func:`write_frame` does."""
+    n = len(data)
+    if n > _JOIN_LIMIT:
+        write_frame(fd, data)
+        return
+    frame = FRAME_SIZE.pack(n) + data
+    sent = send_now(fd, frame) or 0
+    if sent < len(frame):
+        _write_all(fd, memoryview(frame)[sent:])
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     written = os.write(fd, data)
     if written == len(data):
         return

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from ._held_io import read_now, recv_now, write_now
 from ._messages import Message, decode
 from ._state import WorkerHandle
 
@@ -84,6 +85,7 @@ class Monitor:
         self.listener.listen(256)
         self.listener.setblocking(False)
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.unknown: list[Connection] = []  # accepted, no hello yet (lock held)
         self._to_close: list[tuple[Connection, threading.Lock]] = []  # (lock held)
@@ -116,8 +118,9 @@ class Monitor:
 
     def wake(self) -> None:
         """Make the monitor recompute its deadlines and the sockets it waits on."""
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"x")
+        if write_now(self._wake_w, b"x") is None:  # full (a wake is pending), or no libc
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"x")
 
     def close_conn(self, conn: Connection, send_lock: threading.Lock) -> None:
         """Close a worker socket now on the monitor's own thread (or once it stopped), else
@@ -187,8 +190,9 @@ class Monitor:
             if key.data == "listener":
                 self._accept()
             elif key.data == "wake":
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.read(self._wake_r, 4096)
+                if read_now(self._wake_r, 4096) is None:
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        os.read(self._wake_r, 4096)
             elif isinstance(key.data, WorkerHandle):
                 handler.died_starting(key.data)
             else:
@@ -248,7 +252,9 @@ def read_frames(fd: int) -> tuple[list[bytes], bool]:
     """The ``multiprocessing.connection`` frames readable on ``fd`` now — one read, and blocking
     reads only to complete a frame that read cut — and whether the stream ended (at end of
     file, or inside a frame: the frames before it are whole)."""
-    data = os.read(fd, READ_CHUNK_BYTES)
+    data = recv_now(fd, READ_CHUNK_BYTES)  # readable: the GIL kept (_held_io.py says why)
+    if data is None:
+        data = os.read(fd, READ_CHUNK_BYTES)  # not a socket, or an error: this call reports it
     frames: list[bytes] = []
     pos = 0
     try:

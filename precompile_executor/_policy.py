@@ -15,7 +15,10 @@ Rules:
 * pinned workers are spread over devices: new ones go to the device with the fewest, tasks to
   an idle worker on the device with the fewest busy ones;
 * a task with a memory limit starts only while what the running limited tasks may still take,
-  plus its own limit, fits in the available memory (always when none runs).
+  plus its own limit, fits in the available memory (always when none runs);
+* with no worker idle, the head may be sent *ahead* to a busy worker whose task is predicted to
+  take at most ``AHEAD_BELOW_S`` in all: the one predicted to end first (docs/design.md,
+  "Sending ahead").
 """
 
 from __future__ import annotations
@@ -48,6 +51,29 @@ def next_path(
     if spawn_ok:
         return "spawn"
     return "fork" if fork_key is not None else None
+
+
+AHEAD_BELOW_S = 0.25
+"""The longest predicted task a worker may hold another one behind. The gain of sending ahead is
+the time this process takes to answer a ``Done`` with the next ``Run``: well under a millisecond
+when it is quiet, tens of milliseconds while another thread holds the GIL (a compile or a
+benchmark in the caller: ``benchmarks/gil_probe.py``) — a large share of a short task, little of
+a long one. Its risk is the task ahead waiting behind one that turns out long; bounded by this,
+a prediction that is wrong by a few times costs a fraction of a second."""
+
+
+def ahead_of(predicted_s: Sequence[float], remaining_s: Sequence[float]) -> int | None:
+    """Index of the busy worker to send the queue's head to ahead of need, or ``None``.
+
+    Args:
+        predicted_s: each candidate worker's task, its predicted whole duration (0: unknown).
+        remaining_s: what is predicted to remain of it now (may be negative: overdue).
+    """
+    best: int | None = None
+    for i, (whole, left) in enumerate(zip(predicted_s, remaining_s, strict=True)):
+        if 0 < whole <= AHEAD_BELOW_S and (best is None or left < remaining_s[best]):
+            best = i
+    return best
 
 
 def workers_to_start(

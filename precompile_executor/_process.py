@@ -16,6 +16,8 @@ import time
 
 import psutil
 
+from ._held_io import write_now
+
 KILL_GRACE_S = 1.0
 """Seconds between SIGTERM and SIGKILL: long enough for a clean exit, short for a hung ptxas."""
 
@@ -146,9 +148,12 @@ class Guardian:
             else:
                 self._watched.discard(pgid)
             assert proc.stdin is not None
+            line = f"{op}{pgid}\n".encode()
             with contextlib.suppress(OSError, ValueError):
-                proc.stdin.write(f"{op}{pgid}\n".encode())
-                proc.stdin.flush()
+                # The GIL kept when the pipe has room (_held_io.py); the buffer is always empty.
+                if write_now(proc.stdin.fileno(), line) is None:
+                    proc.stdin.write(line)
+                    proc.stdin.flush()
 
     def watch(self, pgid: int) -> None:
         """Kill group ``pgid`` if this process dies before :meth:`forget` is called for it.

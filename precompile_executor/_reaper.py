@@ -156,6 +156,15 @@ class Reaper:
                 actions += task.owner.task_lost(task)  # never started: it runs elsewhere
             elif task is not None and task.state is TaskState.STARTED:
                 started = task  # the reaper reports it, with the exit code and the output
+            ahead = worker.ahead
+            if ahead is not None and ahead.state is TaskState.SENT:
+                # Sent behind the worker's task, never started: the worker died of that task.
+                if ahead.kill_order is not None:
+                    actions += ahead.owner.task_failed(
+                        ahead, CancelledError(ahead.kill_order.detail)
+                    )
+                else:
+                    actions += ahead.owner.task_lost(ahead, counted=False)
             owner = worker.owner
             if was_alive and owner is not None:
                 expected = worker.kind == "fork" and task is None

@@ -175,6 +175,10 @@ class ExecutorStatistics(TaskCounts):
             memory: the running tasks with limits, counted at their limits, leave too little.
         memory_reserved: bytes reserved by the running tasks with limits of every executor in
             the process (Σ limit), what admission counts against.
+        sent_ahead: tasks written to a busy worker behind a task predicted to end soon, so
+            that it starts them without waiting for this process (docs/design.md, "Sending
+            ahead"); each counts as ``queued`` until its worker takes it, then as ``running``
+            (which never exceeds ``max_workers``).
     """
 
     workers_alive: int
@@ -186,6 +190,7 @@ class ExecutorStatistics(TaskCounts):
     memory_killed: int = 0
     waiting_for_memory: int = 0
     memory_reserved: int = 0
+    sent_ahead: int = 0
 
 
 class Tallied(Protocol):

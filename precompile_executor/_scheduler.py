@@ -119,6 +119,11 @@ def classification(
     return verdict if verdict in ("raise", "warn", "debug") else "raise"
 
 
+AHEAD_MAX_BYTES = 64 << 10
+"""The largest task sent ahead: it waits in the worker's socket until the worker reads it, and
+must fit in the socket's buffer (Linux's default: 208 KiB), or the write would block this
+process's thread until the worker's current task ends."""
+
 MAX_REQUEUES = 3
 """A task whose worker died before it started runs elsewhere; after this many such deaths in a
 row it fails (something kills every worker it reaches). A started task is never run again."""
@@ -148,6 +153,8 @@ class Scheduler:
             "fork": [],
         }
         self.in_flight: set[Task] = set()  # SENT or STARTED: each holds one of max_workers
+        self.ahead: set[Task] = set()  # SENT behind a worker's task (WorkerHandle.ahead)
+        self.sent_ahead = 0  # tasks ever sent ahead (statistics)
         self.held = 0  # open batch() blocks: nothing is dispatched meanwhile
         self.predicted_max = 0.0  # the longest prediction of the tasks queued so far
         self.shutdown = False
@@ -209,7 +216,9 @@ class Scheduler:
         """Whether anything of this executor is queued, in flight, unsettled or being saved
         (lock held)."""
         settler = self.settler
-        return bool(self.in_flight or settler.unsettled or settler.saving or self.queued())
+        return bool(
+            self.in_flight or self.ahead or settler.unsettled or settler.saving or self.queued()
+        )
 
     # -- dispatch (lock held) -------------------------------------------------------------------
 
@@ -256,6 +265,8 @@ class Scheduler:
                 task.send_to(worker, now)
                 self.spawn_tasks += 1
                 actions.append(Send(worker, task))
+        if not blocked:
+            actions += self._send_ahead()
         if blocked != self.memory_blocked:
             # While blocked, the memory watcher pumps this scheduler every round: memory freed
             # by another executor or program lets the queue go on (_memory.py).
@@ -270,6 +281,54 @@ class Scheduler:
         if self.shutdown and not self.queued():
             actions += staff.release_idle()
         self.changed.notify_all()
+        return actions
+
+    def _send_ahead(self) -> list[Action]:
+        """With no spawn worker idle, write queued spawn tasks to busy workers whose tasks are
+        predicted to end soon, one behind each (docs/design.md, "Sending ahead")."""
+        staff = self.staff
+        if staff.idle or staff.devices or staff.max_tasks_per_child is not None:
+            # Devices: the task goes where the balance says, when a worker there is free.
+            # max_tasks_per_child: a worker may leave after its task, before reading the next.
+            return []
+        actions: list[Action] = []
+        while (head := self._head("spawn")) is not None:
+            if head.memory_limit is not None or len(head.blob or b"") > AHEAD_MAX_BYTES:
+                break  # admitted for memory when it starts; too big to wait in a socket
+            workers = [
+                w
+                for w in staff.workers
+                if w.kind == "spawn"
+                and w.state == "busy"
+                and w.ahead is None
+                and w.conn is not None
+                and (t := w.task) is not None
+                and t.kill_order is None
+                and t.memory_limit is None
+            ]
+            if not workers:
+                break
+            now = time.monotonic()
+            whole = [_predicted_now(w.task) for w in workers]  # type: ignore[arg-type]
+            left = [
+                p - (now - (w.task.started_at or w.task.sent_at or now))  # type: ignore[union-attr]
+                for p, w in zip(whole, workers, strict=True)
+            ]
+            index = _policy.ahead_of(whole, left)
+            if index is None:
+                break
+            _, task = heapq.heappop(self.queues["spawn"])
+            if not self.claim(task):
+                task.close()
+                self.cancelled += 1
+                continue
+            worker = workers[index]
+            task.send_to(worker, now)
+            worker.ahead = task
+            self.ahead.add(task)
+            self.sent_ahead += 1
+            self.spawn_tasks += 1
+            actions.append(Send(worker, task))
         return actions
 
     def _head(self, path: str) -> Task | None:
@@ -340,6 +399,7 @@ class Scheduler:
     def _close(self, task: Task, outcome: Any) -> list[Action]:
         """The one place a task is resolved: DONE now, its future set by the settler."""
         self.in_flight.discard(task)
+        self.ahead.discard(task)
         if task.memory_limit is not None:
             self.hub.memory.release(task)
         if not task.close():
@@ -358,20 +418,31 @@ class Scheduler:
             self.settler.learned.add(task.costs)
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
-            worker.free(now)
             worker.tasks_run += 1
+            following = worker.ahead
+            if following is not None:
+                # Already in its socket: the worker has started it, or is about to.
+                worker.ahead = None
+                worker.task = following
+                self.ahead.discard(following)
+                self.in_flight.add(following)
+                return actions + self.pump()
+            worker.free(now)
             if self.shutdown and not self.queued():
                 actions += self.staff.give_back(worker, worker.since)
             else:
                 self.staff.idle.append(worker)
         return actions + self.pump()
 
-    def task_lost(self, task: Task) -> list[Action]:
-        """``task``'s worker died before the task started: it never ran, so it runs elsewhere."""
+    def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]:
+        """``task``'s worker died before the task started: it never ran, so it runs elsewhere.
+        Not ``counted`` towards ``MAX_REQUEUES``: it was sent ahead, and the task before it
+        ended the worker."""
         self.in_flight.discard(task)
+        self.ahead.discard(task)
         if task.memory_limit is not None:
             self.hub.memory.release(task)
-        task.back_to_queue()
+        task.back_to_queue(counted=counted)
         if task.requeues > MAX_REQUEUES:
             error = WorkerCrashedError(
                 0, None, detail=f"{task.requeues} workers died before this task could start"
@@ -480,7 +551,7 @@ class Scheduler:
         with self.lock:
             self.shutdown = True
             actions = self.cancel_queued(also_requeued=True)
-            for task in list(self.in_flight):
+            for task in [*self.in_flight, *self.ahead]:
                 actions += self._close(task, WorkerCrashedError(0, None, detail=reason))
         for action in actions:
             if isinstance(action, Settle):
@@ -535,6 +606,14 @@ class Scheduler:
         """Kill the process groups running any of ``futures``; return the futures killed."""
         with self.lock:
             tasks = [t for t in self.in_flight if t.future in futures]
+            # A task sent ahead dies with its worker: only when the worker's task dies too.
+            tasks += [
+                t
+                for t in self.ahead
+                if t.future in futures
+                and t.worker is not None
+                and (t.worker.task is None or t.worker.task.future in futures)
+            ]
         self.hub.kill_tasks(tasks, "killed because the batch was interrupted", grace_s=0)
         return [t.future for t in tasks]
 
@@ -578,10 +657,10 @@ class Scheduler:
         end = time.monotonic() + timeout_s
         while True:
             with self.lock:
-                tasks = list(self.in_flight)
+                tasks = [*self.in_flight, *self.ahead]
             self.hub.kill_tasks(tasks, reason, grace_s)
             with self.lock:
-                if not self.in_flight and not self.settler.unsettled:
+                if not self.in_flight and not self.ahead and not self.settler.unsettled:
                     return
                 if time.monotonic() > end:
                     log.warning("tasks still in flight %gs after a kill", timeout_s)
@@ -595,7 +674,7 @@ class Scheduler:
             waiting = sum(1 for t in queued if t.future_running or not t.future.cancelled())
             settler = self.settler
             return ExecutorStatistics(
-                queued=waiting,
+                queued=waiting + len(self.ahead),  # those ahead: in a socket, behind a task
                 running=len(self.in_flight),
                 completed=settler.completed,
                 failed=settler.failed,
@@ -616,6 +695,7 @@ class Scheduler:
                     else 0
                 ),
                 memory_reserved=self.hub.memory.reserved(),
+                sent_ahead=self.sent_ahead,
             )
 
     def timelines(self) -> tuple[TaskTimeline, ...]:
@@ -786,6 +866,14 @@ class Settler:
 
     def _classify(self, exc: BaseException) -> Classification:
         return classification(exc, self.classify, self.ignore_errors)
+
+
+def _predicted_now(task: Task) -> float:
+    """``task``'s whole predicted duration from what its cost model knows now (0: nothing): a
+    batch queued before its first task returned learns its length from that task."""
+    if task.cost is None or task.costs is None:
+        return 0.0
+    return task.costs.estimate(task.cost) * task.n
 
 
 def _start_error(error: BaseException) -> WorkerStartError:

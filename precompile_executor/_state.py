@@ -18,6 +18,9 @@ Worker states::
 
     starting ──Hello──► idle ◄──► busy      any state ──► dead
 
+A busy spawn worker may also hold one task sent *ahead* (``WorkerHandle.ahead``, SENT): written
+to its socket behind its task, it becomes the worker's task when that task's ``Done`` arrives.
+
 Only :class:`WorkerHandle`'s methods change a worker's state, and each checks where it comes
 from; an illegal transition raises :class:`InvalidTransition` (a bug, never a user error).
 """
@@ -68,7 +71,7 @@ class Owner(Protocol):
 
     def settle_now(self, task: Task, outcome: Any) -> bool: ...
 
-    def task_lost(self, task: Task) -> list[Action]: ...
+    def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]: ...
 
     def task_failed(self, task: Task, error: BaseException) -> list[Action]: ...
 
@@ -146,11 +149,14 @@ class Task:
         self.started_at = now
         self.deadline = None if self.timeout is None else now + self.timeout
 
-    def back_to_queue(self) -> None:
-        """The worker died before the task started: it never ran."""
+    def back_to_queue(self, *, counted: bool = True) -> None:
+        """The worker died before the task started: it never ran. Not ``counted`` against
+        the task: it was sent ahead, and the task before it ended the worker."""
         self._move(TaskState.SENT, TaskState.QUEUED)
-        self.worker = None
-        self.requeues += 1
+        worker, self.worker = self.worker, None
+        if worker is not None and worker.ahead is self:
+            worker.ahead = None
+        self.requeues += counted
 
     def close(self) -> bool:
         """Move to DONE and detach from the worker; ``False`` if it was DONE already."""
@@ -160,6 +166,8 @@ class Task:
         worker, self.worker = self.worker, None
         if worker is not None and worker.task is self:
             worker.task = None
+        if worker is not None and worker.ahead is self:
+            worker.ahead = None
         return True
 
     def _move(self, frm: TaskState, to: TaskState) -> None:
@@ -204,6 +212,9 @@ class WorkerHandle:
         self.pid = 0
         self.conn: Any = None
         self.task: Task | None = None
+        # Spawn workers: the task written to its socket behind ``task``, to start when ``task``
+        # is done (docs/design.md, "Sending ahead"); it becomes ``task`` when that Done arrives.
+        self.ahead: Task | None = None
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
         self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)

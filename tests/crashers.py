@@ -164,3 +164,14 @@ exec g++ "$@"
         f.write(script)
     os.chmod(path, 0o755)
     return path
+
+
+def nap(seconds: float, then: str = "return") -> float:
+    """Sleep ``seconds``, then return them, or (``then``) ``"sigkill"`` itself or ``"hang"``:
+    one function, so the cost model predicts the misbehaving call as short as the quiet ones."""
+    time.sleep(seconds)
+    if then == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if then == "hang":
+        time.sleep(3600)
+    return seconds

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from precompile_executor import _process
 from precompile_executor._process import Guardian
 
 
@@ -41,7 +42,7 @@ def child() -> Iterator[subprocess.Popen[bytes]]:
 
 @pytest.mark.timeout(60)
 def test_a_group_watched_twice_is_sent_once_and_still_killed_when_the_parent_goes(
-    child: subprocess.Popen[bytes],
+    child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     guardian = Guardian()
     guardian.fileno()  # starts it
@@ -49,6 +50,16 @@ def test_a_group_watched_twice_is_sent_once_and_still_killed_when_the_parent_goe
     assert proc is not None
     recorder = _Recorder(proc.stdin)
     proc.stdin = recorder  # type: ignore[assignment]
+    # A line goes out through the held write when the pipe has room, else through stdin.
+    held_write = _process.write_now
+
+    def recorded(fd: int, data: bytes) -> int | None:
+        written = held_write(fd, data)
+        if written is not None:
+            recorder.lines.append(data.decode().strip())
+        return written
+
+    monkeypatch.setattr(_process, "write_now", recorded)
     # Watched at birth, then again at its hello: one line; forgotten and watched again (a pid
     # the system reused): both lines.
     guardian.watch(child.pid)

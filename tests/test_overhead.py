@@ -171,12 +171,11 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
     ids = [i for kind, i in events if kind == "send"]
     assert len(ids) == 4
     order = [(kind, ids.index(i)) for kind, i in events]
-    # task k's settle comes after task k+1's send; the last task has nothing behind it
-    assert order == [("send", 0), ("send", 1), ("settle", 0), ("send", 2), ("settle", 1)] + [
-        ("send", 3),
-        ("settle", 2),
-        ("settle", 3),
-    ]
+    # Task k+1 is written before task k is settled: right after k's Done, or earlier when it
+    # was sent ahead of k (docs/design.md, "Sending ahead"); settles keep the tasks' order.
+    for k in range(3):
+        assert order.index(("send", k + 1)) < order.index(("settle", k)), order
+    assert [i for kind, i in order if kind == "settle"] == [0, 1, 2, 3], order
 
 
 def test_a_task_keeps_no_instance_dict() -> None:

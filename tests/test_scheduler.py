@@ -22,6 +22,24 @@ def test_capacity_counts_tasks_in_flight() -> None:
 
 
 @pytest.mark.parametrize(
+    ("predicted", "remaining", "expected"),
+    [
+        ([], [], None),
+        ([0.0], [0.0], None),  # unknown length: nothing goes ahead of it
+        ([1.0], [0.01], None),  # long: a task ahead would wait behind a wrong prediction
+        ([0.02], [0.015], 0),
+        ([0.02, 0.1], [0.015, 0.001], 1),  # the one predicted to end first
+        ([0.02, 0.1], [-0.5, 0.001], 0),  # overdue counts as ending first
+        ([policy.AHEAD_BELOW_S, 0.0], [0.2, 0.0], 0),  # the bound is inclusive
+    ],
+)
+def test_a_task_goes_ahead_only_of_a_short_task_the_one_predicted_to_end_first(
+    predicted: list[float], remaining: list[float], expected: int | None
+) -> None:
+    assert policy.ahead_of(predicted, remaining) == expected
+
+
+@pytest.mark.parametrize(
     ("spawn", "fork", "idle", "expected"),
     [
         (None, None, True, None),

@@ -362,10 +362,12 @@ class Tune:
         of both, and a compile taken here would delay the benchmarks by its whole duration.
 
         The executor keeps a task's future PENDING until a worker really starts it (for
-        ``PrecompileExecutor``, until a started, idle worker takes it; a stdlib pool's queue
-        behaves alike), so ``cancel()`` returning True means no worker has it or ever will: no
-        config is compiled twice. The executor starts the longest predicted first; this thread
-        takes from the other end, so the two meet at the end of the queue.
+        ``PrecompileExecutor``, until a started, idle worker takes it, or one whose compile is
+        predicted to end within a quarter second takes it next: docs/design.md, "Sending
+        ahead"; a stdlib pool's queue behaves alike), so ``cancel()`` returning True means no
+        worker has it or ever will: no config is compiled twice. The executor starts the
+        longest predicted first; this thread takes from the other end, so the two meet at the
+        end of the queue.
         """
         queued = []
         for future in waiting:

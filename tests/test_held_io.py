@@ -1,0 +1,106 @@
+"""The system calls the hub makes keeping the GIL (docs/design.md, "System calls that keep the
+GIL"): each does at once what it can and answers ``None`` for what it cannot, never blocking."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+
+import pytest
+
+from precompile_executor import _held_io
+
+pytestmark = [
+    pytest.mark.timeout(30),
+    pytest.mark.skipif(not _held_io.AVAILABLE, reason="no C library to call"),
+]
+
+
+def test_a_socket_read_returns_what_is_there_nothing_when_empty_and_b_at_its_end() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert _held_io.recv_now(ours.fileno(), 64) is None  # empty: not now, and no wait
+        theirs.sendall(b"hello")
+        assert _held_io.recv_now(ours.fileno(), 64) == b"hello"
+        theirs.sendall(b"0123456789")
+        assert _held_io.recv_now(ours.fileno(), 4) == b"0123"  # at most what was asked
+        assert _held_io.recv_now(ours.fileno(), 64) == b"456789"
+        theirs.shutdown(socket.SHUT_WR)
+        assert _held_io.recv_now(ours.fileno(), 64) == b""
+
+
+def test_a_send_takes_what_fits_and_never_waits_for_a_full_socket() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert _held_io.send_now(ours.fileno(), b"frame") == 5
+        assert theirs.recv(64) == b"frame"
+        chunk = b"x" * (1 << 20)
+        sent = 0
+        while (n := _held_io.send_now(ours.fileno(), chunk)) is not None:
+            sent += n
+        assert sent > 0  # it filled the buffer, then said "not now" instead of blocking
+        got = 0
+        theirs.setblocking(False)
+        while got < sent:
+            try:
+                got += len(theirs.recv(1 << 20))
+            except BlockingIOError:
+                break
+        assert got == sent
+
+
+def test_a_send_to_a_closed_peer_is_refused_without_a_signal() -> None:
+    ours, theirs = socket.socketpair()
+    theirs.close()
+    with ours:
+        assert _held_io.send_now(ours.fileno(), b"frame") is None  # EPIPE, not SIGPIPE
+        with pytest.raises(OSError):
+            ours.send(b"frame")  # the ordinary call reports it
+
+
+def test_a_pipe_write_goes_out_while_there_is_room_and_waits_for_nothing() -> None:
+    read_end, write_end = os.pipe()  # blocking, as the guardian's stdin
+    try:
+        assert _held_io.write_now(write_end, b"+123\n") == 5
+        assert os.read(read_end, 64) == b"+123\n"
+        line = b"y" * 512
+        written = 0
+        while (n := _held_io.write_now(write_end, line)) is not None:
+            assert n == len(line)  # whole or not at all
+            written += n
+        assert written >= 4096  # the pipe filled up; the full pipe answered None at once
+        assert _held_io.write_now(write_end, b"z" * (1 << 16)) is None  # over PIPE_BUF
+        os.set_blocking(read_end, False)
+        drained = 0
+        while True:
+            try:
+                drained += len(os.read(read_end, 1 << 16))
+            except BlockingIOError:
+                break
+        assert drained == written
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_non_blocking_pipe_read_answers_none_when_empty() -> None:
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    try:
+        assert _held_io.read_now(read_end, 64) is None
+        os.write(write_end, b"xx")
+        assert _held_io.read_now(read_end, 64) == b"xx"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_every_held_call_is_made_without_releasing_the_gil() -> None:
+    # ctypes releases the GIL around a foreign call unless the function comes from a PyDLL,
+    # whose functions carry FUNCFLAG_PYTHONAPI (https://docs.python.org/3/library/ctypes.html,
+    # "PyDLL"): that flag is what makes these calls cheap under a busy caller.
+    libc = _held_io._libc
+    assert libc is not None
+    for fn in (libc.send, libc.recv, libc.read, libc.write, libc.poll):
+        assert fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI, fn

@@ -1,0 +1,139 @@
+"""A busy worker whose task is predicted short gets its next task ahead (docs/design.md,
+"Sending ahead"): the worker starts it without waiting for the caller's monitor thread, which
+under a caller that holds the GIL answers a ``Done`` only tens of milliseconds later
+(``benchmarks/gil_probe.py``).
+
+What must stay true with a task sent ahead: it is counted, its future is RUNNING (a dispatched
+task, as in the stdlib's call queue: ``cancel()`` is refused and it runs); when the task before
+it crashes, hangs past its timeout or is killed, it never started, so it runs elsewhere without
+being counted against it; and nothing is sent ahead where the worker would leave before reading
+it (``max_tasks_per_child``), to a task with a memory limit, or behind a task of unknown length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import CancelledError, wait
+
+import crashers
+import pytest
+
+from precompile_executor import (
+    PrecompileExecutor,
+    TaskTimeoutError,
+    WorkerCrashedError,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+QUICK_S = 0.02
+
+
+@pytest.fixture
+def one_worker() -> Iterator[PrecompileExecutor]:
+    with PrecompileExecutor(1) as ex:
+        yield ex
+
+
+def _teach(ex: PrecompileExecutor, n: int = 3) -> None:
+    """Run ``nap`` a few times so the cost model knows it is short."""
+    assert ex.submit(crashers.nap, QUICK_S).result(timeout=30) == QUICK_S  # the worker starts
+    for _ in range(n):
+        assert ex.submit(crashers.nap, QUICK_S).result(timeout=30) == QUICK_S
+
+
+def test_the_next_task_is_on_its_way_before_the_short_one_ahead_of_it_is_done(
+    one_worker: PrecompileExecutor,
+) -> None:
+    _teach(one_worker)
+    before = one_worker.statistics().sent_ahead
+    assert list(one_worker.map(crashers.nap, [QUICK_S] * 8, timeout=60)) == [QUICK_S] * 8
+    rows = one_worker.timeline()[-8:]
+    assert one_worker.statistics().sent_ahead - before >= 6
+    # One worker: each task sent ahead was sent before the task before it was done.
+    pairs = zip(rows, rows[1:], strict=False)
+    ahead = [b for a, b in pairs if b.sent is not None and a.done is not None and b.sent < a.done]
+    assert len(ahead) >= 6, [(r.sent, r.started, r.done) for r in rows]
+    assert one_worker.statistics().running == 0
+
+
+def test_nothing_is_sent_ahead_behind_a_task_of_unknown_length(
+    one_worker: PrecompileExecutor,
+) -> None:
+    futures = [one_worker.submit(crashers.square, i, 0.05) for i in range(4)]
+    assert [f.result(timeout=30) for f in futures] == [0, 1, 4, 9]
+    # The first square's length was unknown when the second was queued behind it; once known
+    # (50 ms), it is short enough: later ones may go ahead. The first is never sent ahead.
+    rows = one_worker.timeline()
+    assert rows[1].sent is not None and rows[1].sent >= rows[0].done
+
+
+def test_a_task_sent_ahead_of_a_crash_runs_on_another_worker(
+    one_worker: PrecompileExecutor,
+) -> None:
+    _teach(one_worker)
+    crash = one_worker.submit(crashers.nap, 0.2, "sigkill")
+    behind = [one_worker.submit(crashers.nap, QUICK_S) for _ in range(3)]
+    with pytest.raises(WorkerCrashedError):
+        crash.result(timeout=30)
+    assert [f.result(timeout=30) for f in behind] == [QUICK_S] * 3
+    stats = one_worker.statistics()
+    assert stats.sent_ahead >= 1
+    assert stats.crashed == 1 and stats.completed == 4 + 3
+
+
+def test_a_task_sent_ahead_of_a_hang_runs_after_the_timeout_kill(
+    one_worker: PrecompileExecutor,
+) -> None:
+    _teach(one_worker)
+    timed = one_worker.options(timeout=1.0)
+    hang = timed.submit(crashers.nap, QUICK_S, "hang")
+    behind = timed.submit(crashers.nap, QUICK_S)
+    with pytest.raises(TaskTimeoutError):
+        hang.result(timeout=30)
+    assert behind.result(timeout=30) == QUICK_S
+    assert one_worker.statistics().sent_ahead >= 1
+
+
+def test_a_task_sent_ahead_is_running_and_cannot_be_cancelled(
+    one_worker: PrecompileExecutor,
+) -> None:
+    _teach(one_worker)
+    first = one_worker.submit(crashers.nap, 0.3)
+    second = one_worker.submit(crashers.nap, QUICK_S)
+    third = one_worker.submit(crashers.nap, QUICK_S)
+    assert one_worker.statistics().sent_ahead >= 1
+    assert second.running() and not second.cancel()  # on its way: it runs, as stdlib's would
+    assert third.cancel()  # still queued: one task ahead per worker, no more
+    assert first.result(timeout=30) == 0.3 and second.result(timeout=30) == QUICK_S
+    assert third.cancelled()
+
+
+def test_terminate_workers_fails_a_task_sent_ahead_as_cancelled() -> None:
+    with PrecompileExecutor(1) as ex:
+        _teach(ex)
+        running = ex.submit(crashers.nap, 30.0)
+        ex_ahead_guard = ex.submit(crashers.nap, QUICK_S)
+        # The 30 s nap was predicted short (nap's history): the next one went ahead of it.
+        assert ex.statistics().sent_ahead >= 1 and ex_ahead_guard.running()
+        ex.terminate_workers()
+        done, not_done = wait([running, ex_ahead_guard], timeout=30)
+        assert not not_done
+        assert isinstance(running.exception(), WorkerCrashedError)
+        with pytest.raises(CancelledError):
+            ex_ahead_guard.result(timeout=0)
+
+
+def test_no_task_is_sent_ahead_to_a_worker_that_leaves_after_its_task() -> None:
+    with PrecompileExecutor(1, max_tasks_per_child=2) as ex:
+        _teach(ex)
+        assert list(ex.map(crashers.nap, [QUICK_S] * 6, timeout=60)) == [QUICK_S] * 6
+        stats = ex.statistics()
+        assert stats.sent_ahead == 0 and stats.completed == 4 + 6
+
+
+def test_no_task_with_a_memory_limit_is_sent_ahead(one_worker: PrecompileExecutor) -> None:
+    _teach(one_worker)
+    limited = one_worker.options(memory_limit=2 << 30)
+    assert list(limited.map(crashers.nap, [QUICK_S] * 4, timeout=60)) == [QUICK_S] * 4
+    assert one_worker.statistics().sent_ahead == 0
