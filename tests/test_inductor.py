@@ -283,8 +283,11 @@ def test_inductors_compiles_start_in_the_order_inductor_submitted_them(
     first_id = min(started)
     if in_order:
         assert started == sorted(started)
-    else:  # the executor's order: the two sent last start before the two queued before them
-        assert started == [first_id + i for i in (0, 1, 4, 5, 2, 3)]
+    else:  # the executor's order: the two sent last start before one queued before them (the
+        # other may have gone ahead of the held task while its length was thought short:
+        # docs/design.md, "Sending ahead")
+        late_ids = [started.index(first_id + 4), started.index(first_id + 5)]
+        assert max(late_ids) < started.index(first_id + 3), started
 
 
 TRITON_KERNEL_SOURCE = """
