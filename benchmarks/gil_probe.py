@@ -1,7 +1,7 @@
 """A caller that holds the GIL: how fast do tasks still flow through the pool?
 
     python -m benchmarks.gil_probe [--against REV ...] [--rounds 5] [--workers 4] [--tasks 48]
-        [--task-ms 20] [--hog-ms 50]
+        [--task-ms 20] [--warm-tasks 200] [--hog-ms 50]
 
 An autotuning process is rarely idle while its compiles run: Inductor traces and lowers the
 next graph, Triton's autotuner benchmarks or compiles a config in the caller, and much of that
@@ -14,7 +14,7 @@ Each measurement is a child interpreter that starts a *hog* thread — ``sorted(
 sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of ``--workers``
 (so the workers' start-up messages meet the hog), maps ``--tasks`` tasks that each sleep
 ``--task-ms`` in the worker, and reports the time from the pool's creation to the first result
-and to the last, then the time the same batch takes again on the now warm pool (dispatch alone);
+and to the last, then the time ``--warm-tasks`` more take on the now warm pool (dispatch alone);
 the same without the hog gives the quiet baseline. The import of the pool's module is timed
 apart (``import_s`` in each row), not in these. Pools: this tree's
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
@@ -97,9 +97,9 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
             if first is None:
                 first = time.perf_counter() - start
         last = time.perf_counter() - start
-        # The same batch again on the warm pool: dispatch alone, no start-up.
+        # A longer batch on the warm pool: dispatch alone, no start-up.
         again = time.perf_counter()
-        for _ in executor.map(_sleep_ms, tasks):
+        for _ in executor.map(_sleep_ms, [args.task_ms] * args.warm_tasks):
             pass
         warm = time.perf_counter() - again
     stop.set()
@@ -127,6 +127,8 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
         str(args.tasks),
         "--task-ms",
         str(args.task_ms),
+        "--warm-tasks",
+        str(args.warm_tasks),
         "--hog-ms",
         str(args.hog_ms),
         *(["--hog"] if hog else []),
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--tasks", type=int, default=48)
     parser.add_argument("--task-ms", type=float, default=20.0)
+    parser.add_argument("--warm-tasks", type=int, default=200, help="the batch on the warm pool")
     parser.add_argument("--hog-ms", type=float, default=50.0)
     parser.add_argument("--child", help=argparse.SUPPRESS)  # this, stdlib, or against-N
     parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet "
-        "| warm pool, same batch s (hog / quiet) | hog ÷ quiet |"
+        "| warm pool, --warm-tasks s (hog / quiet) | hog ÷ quiet |"
     )
     print("|---|---|---|---|---|---|")
     for pool in pools:

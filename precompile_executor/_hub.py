@@ -218,19 +218,28 @@ class Hub:
             task.owner.settle(task, outcome)
 
     def _send(self, worker: WorkerHandle, task: Task) -> None:
+        """Write ``task``'s ``Run`` to ``worker`` — with every task decided for it before, in the
+        order decided (``WorkerHandle.outbox``): another thread may hold the ``Send`` of an
+        earlier one, and whoever takes the send lock first writes them all."""
+        with worker.send_lock:
+            while worker.outbox:
+                self._write_run(worker, worker.outbox.popleft())
+
+    @staticmethod
+    def _write_run(worker: WorkerHandle, task: Task) -> None:
+        """One ``Run`` on the socket (``worker.send_lock`` held)."""
         assert task.blob is not None
         message = encode(Run(task.id, task.n, task.want_output, task.blob))
         log.debug("task %d on the spawn path, worker pid %d", task.id, worker.pid)
-        with worker.send_lock:
-            conn = worker.conn
-            try:
-                if conn is None or conn.closed:
-                    raise OSError("socket closed")
-                send_frame(conn.fileno(), message)  # send_bytes' bytes; the send_lock held
-            except (OSError, ValueError):
-                # The worker is dying; its end of file (read by the monitor) puts the task,
-                # which never started, back in the queue.
-                log.debug("task %d: worker pid %d gone before the send", task.id, worker.pid)
+        conn = worker.conn
+        try:
+            if conn is None or conn.closed:
+                raise OSError("socket closed")
+            send_frame(conn.fileno(), message)  # send_bytes' bytes
+        except (OSError, ValueError):
+            # The worker is dying; its end of file (read by the monitor) puts the task, which
+            # never started, back in the queue.
+            log.debug("task %d: worker pid %d gone before the send", task.id, worker.pid)
 
     def _fork(self, task: Task) -> None:
         assert task.calls is not None

@@ -27,6 +27,7 @@ from; an illegal transition raises :class:`InvalidTransition` (a bug, never a us
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import itertools
@@ -143,6 +144,7 @@ class Task:
         self._move(TaskState.QUEUED, TaskState.SENT)
         self.worker = worker
         self.sent_at = now
+        worker.outbox.append(self)  # written in this order, whichever thread writes
 
     def start(self, now: float) -> None:
         self._move(TaskState.SENT, TaskState.STARTED)
@@ -220,6 +222,12 @@ class WorkerHandle:
         self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
         self.tasks_run = 0  # spawn workers: tasks that returned a Done
         self.send_lock = threading.Lock()  # a send and the close of ``conn`` never overlap
+        # Spawn workers: tasks decided for it (under the hub's lock) and not yet written. A task
+        # sent ahead is decided by whichever thread pumps, and the one it goes behind may end
+        # before that thread writes it; the monitor may then decide and write the next one
+        # first. Each writer empties this in order (Hub._send), so the wire keeps the decided
+        # order (tests/test_send_ahead.py).
+        self.outbox: collections.deque[Task] = collections.deque()
 
     def __repr__(self) -> str:
         return f"<Worker {self.kind} #{self.id} pid={self.pid} {self.state}>"

@@ -12,6 +12,8 @@ it (``max_tasks_per_child``), to a task with a memory limit, or behind a task of
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError, wait
 
@@ -137,3 +139,36 @@ def test_no_task_with_a_memory_limit_is_sent_ahead(one_worker: PrecompileExecuto
     limited = one_worker.options(memory_limit=2 << 30)
     assert list(limited.map(crashers.nap, [QUICK_S] * 4, timeout=60)) == [QUICK_S] * 4
     assert one_worker.statistics().sent_ahead == 0
+
+
+def test_runs_reach_a_worker_in_the_order_they_were_decided_whichever_thread_writes_them(
+    one_worker: PrecompileExecutor,
+) -> None:
+    # The caller's thread decides a task ahead of a running one, then is slow to write it; the
+    # running one ends meanwhile, and the monitor decides the next task ahead and writes at
+    # once. Written in that order the worker would run the later task first, and the parent,
+    # expecting the earlier one, would ignore its Started and Done: a lost task, a hung batch.
+    _teach(one_worker)
+    hub = one_worker._backend.hub
+    send = hub._send
+    main_calls = [0]
+
+    def slow_on_the_callers_thread(worker: object, task: object) -> None:
+        if threading.current_thread() is threading.main_thread():
+            main_calls[0] += 1
+            if main_calls[0] == 2:  # the task sent ahead of the first
+                time.sleep(0.5)
+        send(worker, task)
+
+    hub._send = slow_on_the_callers_thread
+    try:
+        with one_worker.batch():
+            futures = [one_worker.submit(crashers.nap, x) for x in (0.05, 0.01, 0.01, 0.01)]
+        _, not_done = wait(futures, timeout=20)
+        if not_done:
+            one_worker.terminate_workers()  # a lost task would keep shutdown() waiting
+        assert not not_done
+        assert [f.result(timeout=0) for f in futures] == [0.05, 0.01, 0.01, 0.01]
+    finally:
+        del hub._send
+    assert main_calls[0] >= 2
