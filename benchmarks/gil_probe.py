@@ -15,8 +15,8 @@ sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of `
 (so the workers' start-up messages meet the hog), maps ``--tasks`` tasks that each sleep
 ``--task-ms`` in the worker, and reports the time from the pool's creation to the first result
 and to the last, then the time ``--warm-tasks`` more take on the now warm pool (dispatch alone);
-the same without the hog gives the quiet baseline. The import of the pool's module is timed
-apart (``import_s`` in each row), not in these. Pools: this tree's
+the same without the hog gives the quiet baseline. The pool's module is imported before the hog
+starts (``import_s`` in each row). Pools: this tree's
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
 extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
 and ``concurrent.futures.ProcessPoolExecutor`` (fork). Rounds interleave the pools (the order
@@ -72,10 +72,8 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
         while not stop.is_set():
             sorted(data)
 
-    if args.hog:
-        threading.Thread(target=hog, daemon=True).start()
-    # The import is timed apart: a library is imported before its caller gets busy, and each
-    # file an import opens is a system call that hands the GIL to the hog for a whole slice.
+    # The pool's module is imported before the hog starts, as a program imports its libraries
+    # before it gets busy (each file an import opens would hand the hog a whole slice).
     start = time.perf_counter()
     if pool == "stdlib":  # every other pool is a PrecompileExecutor, of the tree on the path
         import multiprocessing
@@ -83,6 +81,8 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         import precompile_executor
     imported = time.perf_counter() - start
+    if args.hog:
+        threading.Thread(target=hog, daemon=True).start()
     start = time.perf_counter()
     if pool == "stdlib":
         executor: Any = ProcessPoolExecutor(
@@ -90,16 +90,20 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     else:
         executor = precompile_executor.PrecompileExecutor(args.workers)
+    # The task function of a module, pickled by reference as a program's would be (this file
+    # runs as __main__, whose functions cloudpickle pickles by value, for every task).
+    from benchmarks.gil_probe import _sleep_ms as sleep_ms
+
     first = None
     tasks = [args.task_ms] * args.tasks
     with executor:
-        for _ in executor.map(_sleep_ms, tasks):
+        for _ in executor.map(sleep_ms, tasks):
             if first is None:
                 first = time.perf_counter() - start
         last = time.perf_counter() - start
         # A longer batch on the warm pool: dispatch alone, no start-up.
         again = time.perf_counter()
-        for _ in executor.map(_sleep_ms, [args.task_ms] * args.warm_tasks):
+        for _ in executor.map(sleep_ms, [args.task_ms] * args.warm_tasks):
             pass
         warm = time.perf_counter() - again
     stop.set()
@@ -134,12 +138,35 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
         *(["--hog"] if hog else []),
     ]
     out = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
+        cmd,
+        env=env,
+        # ``-m`` puts the working directory first on sys.path: the tree the pool is taken from
+        # (the first entry of ``pythonpath``) must be it, or every pool would be this tree's.
+        cwd=pythonpath.split(os.pathsep)[0],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+        check=False,
     )
     if out.returncode != 0:
         return {"pool": pool, "hog": hog, "error": out.stderr.strip().splitlines()[-1:]}
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def _tree(pythonpath: str) -> str:
+    """Where a child with ``pythonpath`` (run as :func:`_run_child` runs it) imports the package
+    from: printed with the results, so a comparison shows that it compared two trees."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import precompile_executor as p; print(p.__file__)"],
+        env=dict(os.environ, PYTHONPATH=pythonpath),
+        cwd=pythonpath.split(os.pathsep)[0],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             paths[f"against-{i}"] = f"{into}{os.pathsep}{repo}"
             label[f"against-{i}"] = f"against {name}"
         pools = list(paths)
+        for pool in pools:
+            if pool != "stdlib":
+                print(f"{label[pool]}: {_tree(paths[pool])}", flush=True)
         rows: dict[tuple[str, bool], list[dict[str, Any]]] = {}
         for r in range(args.rounds):
             order = pools[r % len(pools) :] + pools[: r % len(pools)]
