@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import select
 import socket
+import threading
 
 
 def _load() -> ctypes.PyDLL | None:
@@ -52,6 +53,18 @@ AVAILABLE = _libc is not None
 """Whether the held calls are made (else every function here answers ``None``)."""
 
 
+_buffers = threading.local()
+
+
+def _buffer(size: int) -> ctypes.Array[ctypes.c_char]:
+    """This thread's read buffer, at least ``size`` bytes (kept: a 64 KiB buffer made and
+    zeroed for every read cost more than the read)."""
+    buffer: ctypes.Array[ctypes.c_char] | None = getattr(_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _buffers.buffer = ctypes.create_string_buffer(size)
+    return buffer
+
+
 class _PollFd(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
 
@@ -70,22 +83,22 @@ def recv_now(fd: int, size: int) -> bytes | None:
     holds nothing yet or is not a socket (the caller reads it the ordinary way)."""
     if _libc is None:
         return None
-    buffer = ctypes.create_string_buffer(size)
+    buffer = _buffer(size)
     got = _libc.recv(fd, buffer, size, _DONTWAIT)
     if got < 0:
         return None
-    return buffer.raw[:got]
+    return ctypes.string_at(buffer, got)  # copies what came, not the whole buffer
 
 
 def read_now(fd: int, size: int) -> bytes | None:
     """Up to ``size`` bytes from the non-blocking pipe ``fd``; ``None`` when it holds nothing."""
     if _libc is None:
         return None
-    buffer = ctypes.create_string_buffer(size)
+    buffer = _buffer(size)
     got = _libc.read(fd, buffer, size)
     if got < 0:
         return None
-    return buffer.raw[:got]
+    return ctypes.string_at(buffer, got)
 
 
 def write_now(fd: int, data: bytes) -> int | None:
