@@ -150,21 +150,14 @@ class Reaper:
             was_alive = worker.state != "dead"
             hub.roster.forget(worker)
             started = None
-            if task is not None and task.state is TaskState.SENT and task.kill_order is not None:
-                actions += task.owner.task_failed(task, CancelledError(task.kill_order.detail))
-            elif task is not None and task.state is TaskState.SENT:
-                actions += task.owner.task_lost(task)  # never started: it runs elsewhere
+            if task is not None and task.state is TaskState.SENT:
+                actions += _never_started(task, counted=True)
             elif task is not None and task.state is TaskState.STARTED:
                 started = task  # the reaper reports it, with the exit code and the output
             ahead = worker.ahead
             if ahead is not None and ahead.state is TaskState.SENT:
-                # Sent behind the worker's task, never started: the worker died of that task.
-                if ahead.kill_order is not None:
-                    actions += ahead.owner.task_failed(
-                        ahead, CancelledError(ahead.kill_order.detail)
-                    )
-                else:
-                    actions += ahead.owner.task_lost(ahead, counted=False)
+                # Sent behind the worker's task: the worker died of that task, not of this one.
+                actions += _never_started(ahead, counted=False)
             owner = worker.owner
             if was_alive and owner is not None:
                 expected = worker.kind == "fork" and task is None
@@ -176,6 +169,14 @@ class Reaper:
             hub.launcher.template_gone(worker, said_hello=True)
         hub.submit_job(self.reap, worker, started)
         hub.run(actions)
+
+
+def _never_started(task: Task, *, counted: bool) -> list[Action]:
+    """A task its dead worker never started (lock held): one being killed is cancelled, any
+    other runs elsewhere (``counted`` towards the requeue limit unless it was sent ahead)."""
+    if task.kill_order is not None:
+        return task.owner.task_failed(task, CancelledError(task.kill_order.detail))
+    return task.owner.task_lost(task, counted=counted)
 
 
 def reap_child(pid: int) -> int | None:

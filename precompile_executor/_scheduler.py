@@ -245,10 +245,8 @@ class Scheduler:
             if limit is not None and not self.hub.memory.admits(limit):
                 blocked = True  # nothing passes it: priority order holds
                 break
-            _, task = heapq.heappop(self.queues[path])
-            if not self.claim(task):
-                task.close()
-                self.cancelled += 1
+            task = self._pop_claimed(path)
+            if task is None:
                 continue
             now = time.monotonic()
             self.in_flight.add(task)
@@ -295,8 +293,8 @@ class Scheduler:
         while (head := self._head("spawn")) is not None:
             if head.memory_limit is not None or len(head.blob or b"") > AHEAD_MAX_BYTES:
                 break  # admitted for memory when it starts; too big to wait in a socket
-            workers = [
-                w
+            busy = [
+                (w, t)
                 for w in staff.workers
                 if w.kind == "spawn"
                 and w.state == "busy"
@@ -306,23 +304,21 @@ class Scheduler:
                 and t.kill_order is None
                 and t.memory_limit is None
             ]
-            if not workers:
+            if not busy:
                 break
             now = time.monotonic()
-            whole = [_predicted_now(w.task) for w in workers]  # type: ignore[arg-type]
+            whole = [_predicted_now(t) for _, t in busy]
             left = [
-                p - (now - (w.task.started_at or w.task.sent_at or now))  # type: ignore[union-attr]
-                for p, w in zip(whole, workers, strict=True)
+                p - (now - (t.started_at or t.sent_at or now))
+                for p, (_, t) in zip(whole, busy, strict=True)
             ]
             index = _policy.ahead_of(whole, left)
             if index is None:
                 break
-            _, task = heapq.heappop(self.queues["spawn"])
-            if not self.claim(task):
-                task.close()
-                self.cancelled += 1
+            task = self._pop_claimed("spawn")
+            if task is None:
                 continue
-            worker = workers[index]
+            worker = busy[index][0]
             task.send_to(worker, now)
             worker.ahead = task
             self.ahead.add(task)
@@ -330,6 +326,16 @@ class Scheduler:
             self.spawn_tasks += 1
             actions.append(Send(worker, task))
         return actions
+
+    def _pop_claimed(self, path: str) -> Task | None:
+        """Take ``path``'s head off its queue and claim it; ``None`` if the user cancelled it
+        meanwhile (then it is dropped and counted)."""
+        _, task = heapq.heappop(self.queues[path])
+        if self.claim(task):
+            return task
+        task.close()
+        self.cancelled += 1
+        return None
 
     def _head(self, path: str) -> Task | None:
         queue = self.queues[path]
