@@ -25,7 +25,8 @@
 #     distributed==2026.8.0 tornado==6.6.1 partd==1.4.2 locket==1.0.0 tblib==3.2.2 zict==3.0.0`;
 #     the rest of their needs — click, cloudpickle, fsspec, jinja2, msgpack, psutil, pyyaml,
 #     sortedcontainers, toolz — are in the image)
-# Carry .whl (loky, helion, filecheck, packaging wheels; see docs/gpu-runs.md). Output under $OUT.
+# Carry .whl (made here by `bash benchmarks/gpu_wheels.sh`: every wheel above and loky, helion,
+# filecheck, packaging). Output under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/bench-out}"

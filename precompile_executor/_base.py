@@ -37,6 +37,9 @@ import collections
 import contextlib
 import dataclasses
 import itertools
+import logging
+import os
+import queue
 import threading
 import time
 import weakref
@@ -59,6 +62,8 @@ from ._validate import (
     short_repr,
 )
 from ._worker import Call as Call  # one call of a task: (fn, args, kwargs)
+
+log = logging.getLogger("precompile_executor")
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -126,6 +131,79 @@ _backends: weakref.WeakSet[Backend] = weakref.WeakSet()
 _backends_lock = threading.Lock()
 
 
+class DroppedExecutors:
+    """Executors dropped without ``shutdown()``: each is shut down (``begin_shutdown()``: no
+    new tasks, what was submitted still runs) off the thread that collected it.
+
+    The garbage collector runs a finalizer on whatever thread happens to allocate: one holding
+    a hub's lock mid-update (an ``RLock``: the finalizer would re-enter it), or a thread that
+    the lock's holder is starting and waiting for — a deadlock
+    (``tests/test_contract.py::test_a_dropped_executor_is_shut_down_off_the_thread_that_collects_it``).
+    So the finalizer only puts the backend on a ``queue.SimpleQueue``, whose ``put`` is
+    reentrant (documented safe in ``__del__`` methods and weakref callbacks). A daemon thread,
+    started with an executor and never from a finalizer, shuts each one down; a new executor
+    first shuts down those still waiting (and waits for the one in hand), so the workers of an
+    executor dropped just before are back in the pool for it, as they were when the finalizer
+    did it itself.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Backend] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._in_hand = threading.Lock()  # held while a backend taken off the queue shuts down
+
+    def drop(self, backend: Backend) -> None:
+        """The finalizer's part: hand ``backend`` on; no lock, no wait."""
+        self._queue.put(backend)
+
+    def settle(self) -> None:
+        """Shut down every executor dropped so far (an executor is being built: no lock held),
+        and start the thread that shuts down later ones."""
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="precompile-dropped-executors", daemon=True
+                )
+                self._thread.start()
+        with self._in_hand:
+            while True:
+                try:
+                    backend = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                _shut_down_dropped(backend)
+
+    def _serve(self) -> None:
+        while True:
+            backend = self._queue.get()
+            with self._in_hand:
+                _shut_down_dropped(backend)
+            del backend  # hold no backend while waiting for the next
+
+
+def _shut_down_dropped(backend: Backend) -> None:
+    try:
+        backend.begin_shutdown()
+    except Exception:  # noqa: BLE001 - a finalizer's work: nobody to raise to
+        log.warning("shutting down a dropped executor failed", exc_info=True)
+
+
+_dropped = DroppedExecutors()
+
+
+def _forget_dropped_in_child() -> None:
+    global _dropped
+    _dropped = DroppedExecutors()  # the thread is not copied by fork
+
+
+os.register_at_fork(after_in_child=_forget_dropped_in_child)
+
+
+def _drop(backend: Backend) -> None:
+    _dropped.drop(backend)
+
+
 class BaseExecutor(Executor, Generic[B]):
     """The ``concurrent.futures.Executor`` layer shared by every backend (see the module
     docstring for what a backend supplies)."""
@@ -143,10 +221,11 @@ class BaseExecutor(Executor, Generic[B]):
         self._mine: set[Future[Any]] = set()  # a view's futures not yet done
         self._mine_lock = threading.Lock()
         if parent is None:
+            _dropped.settle()
             with _backends_lock:
                 _backends.add(backend)
             # Dropped without shutdown(): stop taking tasks, let what was submitted run.
-            weakref.finalize(self, backend.begin_shutdown).atexit = False
+            weakref.finalize(self, _drop, backend).atexit = False
 
     # -- submitting ------------------------------------------------------------------------------
 

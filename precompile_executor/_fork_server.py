@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 from multiprocessing.connection import Connection, wait
+from typing import NoReturn
 
 from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
 from ._worker import (
@@ -29,6 +30,7 @@ from ._worker import (
     become_group_leader,
     connect_and_initialize,
     drop_inherited_trackers,
+    end_interpreter,
     serve,
 )
 
@@ -142,15 +144,16 @@ def _gpu_libraries() -> str:
     return f"; loaded: {', '.join(loaded)}" if loaded else ""
 
 
-def serve_template(start: Startup) -> None:
+def serve_template(start: Startup) -> NoReturn:
     """The template's life: initialize once, then fork workers until told to stop (each forked
-    worker's ``max_tasks`` comes with its fork request, not from ``start``)."""
+    worker's ``max_tasks`` comes with its fork request, not from ``start``); then end without
+    the interpreter's teardown (:func:`._worker.end_interpreter`)."""
     drop_inherited_trackers()  # before anything: every worker forked later inherits the result
     become_group_leader()
     conn, capture, ok = connect_and_initialize(start)
     if not ok:
         conn.close()
-        return
+        end_interpreter()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -184,6 +187,7 @@ def serve_template(start: Startup) -> None:
     finally:
         conn.close()
         del capture
+    end_interpreter()
 
 
 def _reap(conn: Connection) -> None:

@@ -6,7 +6,8 @@ Spawn workers are started by loky's process backend — one loky ``Process`` per
 interpreter (fork + exec) fed with cloudpickle — not by a loky executor: an executor breaks as a
 whole, and kills its other workers, when any one dies (docs/design.md, "Why one loky Process per
 worker"). Each worker runs :func:`._worker.serve` (a template
-:func:`._fork_server.serve_template`), which connects back to the hub's Unix socket.
+:func:`._fork_server.serve_template`), which connects back to the hub's Unix socket; a process
+loky started ends without the interpreter's teardown (:func:`._worker.end_interpreter`).
 
 :class:`Launcher` runs on the job pool (``launch``) and on the monitor thread (a template's
 messages, its end); it decides under the hub's lock and starts, sends and logs after releasing
@@ -40,7 +41,7 @@ from ._template_lifecycle import (
     StartTemplate,
     Watch,
 )
-from ._worker import Startup, read_capture_file, serve
+from ._worker import Startup, read_capture_file, serve_interpreter
 
 log = logging.getLogger("precompile_executor")
 
@@ -112,7 +113,7 @@ class Launcher:
         """Start a spawn worker (job pool): forked from its kind's warm template, or as a
         fresh interpreter."""
         if worker.start != "template":
-            self._start_process(worker, serve, init_blob)
+            self._start_process(worker, serve_interpreter, init_blob)
             return
         with self._hub.lock:
             if self._hub.closed:
@@ -137,7 +138,7 @@ class Launcher:
                 log.debug("starting a warm template for a worker kind")
                 self._start(decision.template, serve_template, inline)
             elif isinstance(decision, StartInterpreter):
-                self._start(decision.worker, serve, inline)
+                self._start(decision.worker, serve_interpreter, inline)
             elif isinstance(decision, AskFork):
                 self._ask_fork(decision.template, decision.workers)
             elif isinstance(decision, Watch):

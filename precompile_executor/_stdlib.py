@@ -1,6 +1,6 @@
 """Every use of a private name of the standard library, in one place.
 
-The library relies on four things the stdlib does not document; each is read or called only
+The library relies on five things the stdlib does not document; each is read or called only
 through a function here, and ``tests/test_stdlib.py`` fails loudly, naming the thing, when a
 Python changes one of them:
 
@@ -16,6 +16,10 @@ Python changes one of them:
   threads are joined and while thread pools still take work (the stdlib's own
   ``concurrent.futures.thread`` registers its exit with it, bpo-39812), so the hub can let
   submitted tasks finish and stop its workers (:func:`register_before_thread_pools_exit`).
+* ``atexit._run_exitfuncs`` — runs the ``atexit`` hooks now, as the interpreter's exit would
+  (each hook's exception reported and skipped), so a template or a worker started as an
+  interpreter can run its hooks and then end with ``os._exit``, skipping the teardown
+  (:func:`run_exit_hooks`; docs/design.md, "Process lifecycle").
 * ``multiprocessing.resource_tracker._resource_tracker`` and its ``_fd`` and ``_pid`` — the
   process's tracker and the pipe to it, which loky hands every process it starts; a warm worker
   closes the inherited pipe and marks the tracker not started (:func:`drop_tracker_pipe`;
@@ -27,11 +31,13 @@ one with ``Executor.map(buffersize=)``, new in 3.14) still creates ``_condition`
 ``_done_callbacks`` in ``Future.__init__`` and takes the condition in ``add_done_callback`` and
 ``set_result``; ``Lib/multiprocessing/resource_tracker.py`` (the JSON message format) still
 keeps ``_resource_tracker`` with ``_fd`` and ``_pid``; ``threading._register_atexit`` is what
-``Lib/concurrent/futures/thread.py`` calls at import.
+``Lib/concurrent/futures/thread.py`` calls at import; ``Modules/atexitmodule.c`` still defines
+``_run_exitfuncs``.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import threading
@@ -50,6 +56,13 @@ def done_callbacks(future: Future[Any]) -> list[Callable[[Future[Any]], object]]
     """The done-callbacks ``future`` will call, in order (read them, never change them)."""
     callbacks: list[Callable[[Future[Any]], object]] = future._done_callbacks  # type: ignore[attr-defined]
     return callbacks
+
+
+def run_exit_hooks() -> None:
+    """Run and clear this process's ``atexit`` hooks, last registered first, as the
+    interpreter's exit does (a hook that raises is reported on stderr and the others still
+    run)."""
+    atexit._run_exitfuncs()
 
 
 def register_before_thread_pools_exit(fn: Callable[[], None]) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 
 def square(x: int, delay: float = 0.0) -> int:
@@ -175,3 +176,41 @@ def nap(seconds: float, then: str = "return") -> float:
     if then == "hang":
         time.sleep(3600)
     return seconds
+
+
+class _TeardownWitness:
+    """Writes its file when it is freed: a module global is freed only by the interpreter's
+    teardown, which a process the pool stops must skip (docs/design.md, "Process lifecycle")."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __del__(
+        self, _open: Any = os.open, _close: Any = os.close, _flags: int = os.O_CREAT | os.O_WRONLY
+    ) -> None:
+        # os.open bound now: late in the teardown the module's globals may already be gone
+        _close(_open(self.path, _flags))
+
+
+_WITNESS: _TeardownWitness | None = None
+
+
+def note_how_the_process_ends(directory: str, leave_a_thread: bool) -> None:
+    """An initializer: writes ``init-PID``; registers an ``atexit`` hook writing ``atexit-PID``;
+    keeps a global that writes ``teardown-PID`` when freed; with ``leave_a_thread``, leaves a
+    daemon thread running, so the template refuses to fork and workers start as interpreters."""
+    import atexit
+
+    global _WITNESS
+    pid = os.getpid()
+    with open(os.path.join(directory, f"init-{pid}"), "w") as f:
+        f.write("initialized")
+    atexit.register(_write, os.path.join(directory, f"atexit-{pid}"))
+    _WITNESS = _TeardownWitness(os.path.join(directory, f"teardown-{pid}"))
+    if leave_a_thread:
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+
+
+def _write(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("atexit")

@@ -153,3 +153,21 @@ def test_gil_probe_measures_each_pool_with_and_without_the_hog(tmp_path: Path) -
         "| stdlib ProcessPoolExecutor (fork)",
         f"| against {REPO}",
     ]
+
+
+@pytest.mark.timeout(300)
+def test_exit_probe_times_each_program_to_its_exit(tmp_path: Path) -> None:
+    # --against a directory: the same tree, linked (no git history needed).
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.exit_probe", "--rounds", "1", "--modes", "triton"]
+        + ["--against", str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
+    assert len(runs) == 3 and all("'exit_s'" in line for line in runs), done.stdout
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| triton ")]
+    assert len(rows) == 1 and "failed" not in rows[0], done.stdout

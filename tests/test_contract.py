@@ -472,6 +472,45 @@ def test_dropped_executor_returns_its_workers_to_the_pool() -> None:
         assert again.submit(os.getpid).result(timeout=30) == pid
 
 
+@pytest.mark.timeout(60)
+def test_a_dropped_executor_is_shut_down_off_the_thread_that_collects_it() -> None:
+    """The garbage collector runs an executor's finalizer on whatever thread allocates: one that
+    waited there for the hub's lock deadlocked a thread being started by the lock's holder (the
+    monitor starting the memory guard's thread, whose start a collection interrupted). The
+    finalizer only hands the executor on; a thread of the library shuts it down, and what was
+    submitted still runs."""
+    import gc
+
+    executor = PrecompileExecutor(1)
+    future = executor.submit(crashers.square, 3)
+    backend = executor._backend  # the scheduler outlives its executor: we watch it
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_hubs_lock() -> None:
+        with backend.lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_hubs_lock)
+    holder.start()
+    try:
+        assert held.wait(10)
+        owner = [executor]  # the collector drops the last reference (a cycle would do too)
+        del executor
+        collector = threading.Thread(target=lambda: (owner.clear(), gc.collect()))
+        collector.start()
+        collector.join(10)
+        assert not collector.is_alive(), "the finalizer waited for the hub's lock"
+    finally:
+        release.set()
+        holder.join(10)
+    deadline = time.monotonic() + 30
+    while not backend.shutdown and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert backend.shutdown, "the dropped executor was never shut down"
+    assert future.result(timeout=30) == 9
+
+
 def test_batch_lets_priority_order_the_first_wave_too(make: Make) -> None:
     order: list[int] = []
     with make(1) as executor:

@@ -704,6 +704,40 @@ def test_a_task_pending_at_interpreter_exit_still_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+_STOP_SCRIPT = """
+import os, sys
+import crashers
+from precompile_executor import PrecompileExecutor
+
+executor = PrecompileExecutor(
+    1, initializer=crashers.note_how_the_process_ends, initargs=(sys.argv[1], sys.argv[2] == "1")
+)
+assert executor.submit(abs, -1).result(timeout=60) == 1
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("leave_a_thread", [False, True], ids=["forked", "interpreters"])
+def test_a_process_the_pool_stops_runs_its_exit_hooks_and_skips_the_teardown(
+    tmp_path: Path, leave_a_thread: bool
+) -> None:
+    """At the caller's exit, the template and every worker started as an interpreter run their
+    ``atexit`` hooks (an initializer's, multiprocessing's) and then end without the
+    interpreter's teardown: freeing each module one by one takes about a second with torch and
+    Inductor imported, and the caller's exit waits for every process it stops."""
+    result = _run_script(_STOP_SCRIPT, str(tmp_path), "1" if leave_a_thread else "0")
+    assert result.returncode == 0, result.stderr
+
+    def pids(kind: str) -> set[str]:
+        return {p.name.split("-", 1)[1] for p in tmp_path.glob(f"{kind}-*")}
+
+    initialized = pids("init")
+    # forked: the template alone ran the initializer; interpreters: the template and the worker
+    assert len(initialized) == (2 if leave_a_thread else 1), sorted(initialized)
+    assert pids("atexit") == initialized, "an initializer's atexit hook did not run at the stop"
+    assert pids("teardown") == set(), "a stopped process tore its interpreter down"
+
+
 # -- 5f: map() drops results it has yielded --------------------------------------------------------
 
 

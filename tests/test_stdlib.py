@@ -98,3 +98,24 @@ def test_dropping_the_tracker_pipe_closes_it_and_marks_it_not_started() -> None:
     assert os.read(read, 1) == b""  # the write end is closed: end of file
     os.close(read)
     _stdlib.drop_tracker_pipe(tracker)  # not started: nothing to do
+
+
+def test_run_exit_hooks_runs_the_atexit_hooks_last_registered_first_and_clears_them() -> None:
+    # In a fresh interpreter that then leaves with os._exit: a hook that ran twice (not cleared),
+    # or not at all, shows in the output.
+    code = textwrap.dedent(
+        """
+        import atexit, os, sys
+        from precompile_executor import _stdlib
+        atexit.register(print, "first registered")
+        atexit.register(print, "last registered")
+        _stdlib.run_exit_hooks()
+        sys.stdout.flush()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["last registered", "first registered"]
