@@ -20,7 +20,11 @@ reported. For each run: the whole process's wall time (from the parent), the fir
 step (forward + backward), and per autotuned kernel the time of its tune — from the autotuner's
 ``prune_configs`` (called once per new tuning key) to Triton's ``self.cache[key] = best`` — with
 its *benchmarking floor*: the time spent inside ``do_bench`` during that tune (measured in the
-same run, every mode), which no compile strategy removes. Then the **chosen-kernel check**: one
+same run, every mode), which no compile strategy removes. A tune also ends no sooner than its
+longest compile: stock's, timed as each config's ``Autotuner._bench`` call less its ``do_bench``;
+the report's "against the floor" table takes per tune the larger of the two and shows each
+mode's tunes against it, per kernel and in total (a kernel whose compiles are long is bounded
+by them, not by benchmarking). Then the **chosen-kernel check**: one
 more process per library runs the step with stock Triton and, for each tuning key where the
 modes chose different configs, times each chosen config with stock's own ``do_bench`` (through
 ``Autotuner._bench``), alternating, back to back, ``--alternations`` times; the medians show
@@ -171,8 +175,10 @@ STEPS: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[Any], None]]]] 
 
 
 class Observer:
-    """Records every tune (start at ``prune_configs``, end at ``self.cache[key] = ...``) and
-    every ``do_bench`` call, by thread, without touching what runs in between.
+    """Records every tune (start at ``prune_configs``, end at ``self.cache[key] = ...``), every
+    ``do_bench`` call and every ``Autotuner._bench`` call, by thread, without touching what runs
+    in between. In stock Triton a config's ``_bench`` call compiles it (its first launch) and
+    then runs ``do_bench``: the call less its ``do_bench`` is that config's compile.
 
     Installed before ``precompile_executor.triton.autotune`` patches anything, so its patch
     keeps calling these (it stores what it finds as Triton's originals).
@@ -181,6 +187,7 @@ class Observer:
     def __init__(self) -> None:
         self.tunes: list[dict[str, Any]] = []
         self.benches: list[tuple[int, float, float]] = []  # thread, start, seconds
+        self.bench_calls: list[tuple[int, float, float]] = []  # Autotuner._bench: the same
         self.lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
 
@@ -232,14 +239,31 @@ class Observer:
                         (threading.get_ident(), start, time.perf_counter() - start)
                     )
 
+        original_bench = Autotuner._bench
+
+        # Triton's parameter names: precompile_executor's check_triton() reads them
+        def _bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original_bench(self, *args, config=config, **meta)
+            finally:
+                with observer.lock:
+                    observer.bench_calls.append(
+                        (threading.get_ident(), start, time.perf_counter() - start)
+                    )
+
         Autotuner.prune_configs = prune_configs
+        Autotuner._bench = _bench
         triton.testing.do_bench = do_bench
         self._undo.append(lambda: setattr(Autotuner, "prune_configs", original_prune))
+        self._undo.append(lambda: setattr(Autotuner, "_bench", original_bench))
         self._undo.append(lambda: setattr(triton.testing, "do_bench", original_do_bench))
 
     def summary(self, origin: float) -> list[dict[str, Any]]:
         """Each tune, in start order: kernel, configs, seconds, floor (``do_bench`` seconds
-        within it, on its thread), choice."""
+        within it, on its thread), its longest ``_bench`` call less the ``do_bench`` in it
+        (stock: the longest config's compile; ours: the longest wait for a config to land and
+        load), choice."""
         rows = []
         for tune in sorted(self.tunes, key=lambda t: t["start"]):
             end = tune.get("end")
@@ -250,6 +274,13 @@ class Observer:
                 and tune["start"] <= start
                 and (end is None or start < end)
             )
+            beside = [
+                took - _within(self.benches, thread, start, took)
+                for thread, start, took in self.bench_calls
+                if thread == tune["thread"]
+                and tune["start"] <= start
+                and (end is None or start < end)
+            ]
             rows.append(
                 {
                     "kernel": tune["kernel"],
@@ -257,6 +288,7 @@ class Observer:
                     "at_s": round(tune["start"] - origin, 3),
                     "tune_s": None if end is None else end - tune["start"],
                     "floor_s": floor,
+                    "longest_compile_s": max(beside, default=0.0),
                     "benches": sum(
                         1
                         for thread, start, _ in self.benches
@@ -269,6 +301,11 @@ class Observer:
                 }
             )
         return rows
+
+
+def _within(spans: list[tuple[int, float, float]], thread: int, start: float, took: float) -> float:
+    """Seconds of ``spans`` on ``thread`` that start within ``[start, start + took)``."""
+    return sum(s for t, b, s in spans if t == thread and start <= b < start + took)
 
 
 def child(library: str, mode: str, out: Path) -> None:
@@ -498,6 +535,74 @@ def per_kernel(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
     return table
 
 
+def compile_floors(stock_runs: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """(kernel, tuning key) → the median over stock's runs of its tune's longest compile."""
+    seen: dict[tuple[str, str], list[float]] = {}
+    for r in stock_runs:
+        for tune in r.get("tunes", ()):
+            if "longest_compile_s" in tune:
+                seen.setdefault((tune["kernel"], str(tune.get("key"))), []).append(
+                    tune["longest_compile_s"]
+                )
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
+def against_floor(
+    results: dict[tuple[str, str], list[dict[str, Any]]],
+    lib: str,
+    modes: list[str],
+    kernels: list[str],
+) -> list[str]:
+    """The table of each mode's tunes against their floor: per tune the larger of its
+    ``do_bench`` seconds (its own run) and stock's longest compile for that key (none known:
+    ``do_bench`` alone); per kernel the medians over runs of the sums; a last row of totals."""
+    if not modes:
+        return []
+    longest = compile_floors(results.get((lib, "stock"), []))
+    table: dict[str, dict[str, dict[str, list[float]]]] = {}  # mode → kernel → field → runs
+    for mode in modes:
+        for r in results[(lib, mode)]:
+            sums: dict[str, list[float]] = {}
+            for tune in r.get("tunes", ()):
+                one = sums.setdefault(tune["kernel"], [0.0, 0.0])
+                one[0] += tune["tune_s"] or 0.0
+                compile_s = longest.get((tune["kernel"], str(tune.get("key"))), 0.0)
+                one[1] += max(tune["floor_s"], compile_s)
+            for kernel, (tune_s, floor_s) in sums.items():
+                row = table.setdefault(mode, {}).setdefault(kernel, {"tune": [], "floor": []})
+                row["tune"].append(tune_s)
+                row["floor"].append(floor_s)
+    lines = [
+        "",
+        "Against the floor: a tune ends no sooner than its `do_bench` calls (its own run's) and "
+        "no sooner than its longest compile (stock's, the config's `_bench` call less its "
+        "`do_bench`, median over stock's runs); per tune the larger of the two. Per kernel: "
+        "median seconds of its tunes [floor] and their ratio; the last row sums the kernels.",
+        "",
+        "| kernel | stock's longest compile s | "
+        + " | ".join(f"{m} s [floor] | {m} ÷ floor" for m in modes)
+        + " |",
+        "| --- | --- | " + " | ".join("--- | ---" for _ in modes) + " |",
+    ]
+    totals = {m: [0.0, 0.0] for m in modes}
+    for kernel in kernels:
+        compiles = [v for (k, _), v in longest.items() if k == kernel]
+        cells = [_fmt(max(compiles)) if compiles else "–"]
+        for mode in modes:
+            row = table.get(mode, {}).get(kernel)
+            if row is None:
+                cells += ["–", "–"]
+                continue
+            tune_s, floor_s = _median(row["tune"]), _median(row["floor"])
+            totals[mode][0] += tune_s or 0.0
+            totals[mode][1] += floor_s or 0.0
+            cells += [f"{_fmt(tune_s)} [{_fmt(floor_s)}]", _ratio(tune_s, floor_s)]
+        lines.append(f"| `{kernel.rsplit('.', 1)[-1]}` | " + " | ".join(cells) + " |")
+    total_cells = [f"{_fmt(t)} [{_fmt(f)}] | {_ratio(t, f)}" for t, f in (totals[m] for m in modes)]
+    lines.append("| all kernels | | " + " | ".join(total_cells) + " |")
+    return lines
+
+
 def report(
     results: dict[tuple[str, str], list[dict[str, Any]]],
     checks: dict[str, dict[str, Any]],
@@ -577,6 +682,7 @@ def report(
                 + " | ".join(ratios)
                 + " |"
             )
+        lines += against_floor(results, lib, [m for m in modes if m != "stock"], kernels)
         check = checks.get(lib)
         lines += ["", "Chosen-kernel check (stock's `do_bench`, alternating, median ms):", ""]
         if check is None:

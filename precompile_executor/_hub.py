@@ -357,6 +357,7 @@ class Hub:
         self.reaper.died_starting(worker)
 
     def _started(self, conn: Connection, message: Started) -> None:
+        doomed = 0
         with self.lock:
             worker = self.roster.conns.get(conn)
             task = worker.task if worker is not None else None
@@ -364,6 +365,10 @@ class Hub:
                 task.start(time.monotonic())
                 if task.memory_limit is not None and worker is not None:
                     self.memory.watch(task, worker.pid, task.memory_limit)
+                if task.kill_order is not None and worker is not None:
+                    doomed = worker.pid  # killed while it waited ahead (Scheduler.kill)
+        if doomed:
+            self.submit_job(_process.kill_group, doomed, 0.0)
 
     def _done(self, conn: Connection, message: Done) -> None:
         actions: list[Action] = []

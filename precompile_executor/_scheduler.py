@@ -66,7 +66,7 @@ from ._records import (
     Timeline,
     count_outcome,
 )
-from ._state import Action, Fork, Send, Settle, Task, TaskState, WorkerHandle
+from ._state import Action, Fork, KillOrder, Send, Settle, Task, TaskState, WorkerHandle
 from ._worker_manager import WorkerManager
 
 if TYPE_CHECKING:
@@ -123,6 +123,9 @@ AHEAD_MAX_BYTES = 64 << 10
 """The largest task sent ahead: it waits in the worker's socket until the worker reads it, and
 must fit in the socket's buffer (Linux's default: 208 KiB), or the write would block this
 process's thread until the worker's current task ends."""
+
+KILLED_DETAIL = "killed because the batch was interrupted"
+"""What a task killed by :meth:`Scheduler.kill` (``kill_running_futures``) fails with."""
 
 MAX_REQUEUES = 3
 """A task whose worker died before it started runs elsewhere; after this many such deaths in a
@@ -609,18 +612,24 @@ class Scheduler:
         self._kill_until_idle(0.0, "killed because the caller was interrupted")
 
     def kill(self, futures: AbstractSet[Future[Any]]) -> list[Future[Any]]:
-        """Kill the process groups running any of ``futures``; return the futures killed."""
+        """Kill the process groups running any of ``futures``; return the futures killed.
+
+        A task sent ahead dies with its worker when the worker's task is killed too. Alone, it
+        is only marked: its worker's task ends as it would, and the hub kills the one ahead as
+        soon as the worker starts it (``Hub._started``); its future is not among those returned
+        (it fails once that task is done, which may be long after)."""
         with self.lock:
             tasks = [t for t in self.in_flight if t.future in futures]
-            # A task sent ahead dies with its worker: only when the worker's task dies too.
-            tasks += [
-                t
-                for t in self.ahead
-                if t.future in futures
-                and t.worker is not None
-                and (t.worker.task is None or t.worker.task.future in futures)
-            ]
-        self.hub.kill_tasks(tasks, "killed because the batch was interrupted", grace_s=0)
+            now = time.monotonic()
+            for task in self.ahead:
+                if task.future not in futures or task.worker is None:
+                    continue
+                running = task.worker.task
+                if running is None or running.future in futures:
+                    tasks.append(task)
+                elif task.kill_order is None:
+                    task.kill_order = KillOrder("killed", now, KILLED_DETAIL)
+        self.hub.kill_tasks(tasks, KILLED_DETAIL, grace_s=0)
         return [t.future for t in tasks]
 
     def warm_up(self, timeout: float | None) -> list[int]:

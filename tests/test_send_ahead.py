@@ -24,6 +24,7 @@ from precompile_executor import (
     PrecompileExecutor,
     TaskTimeoutError,
     WorkerCrashedError,
+    kill_running_futures,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -124,6 +125,23 @@ def test_terminate_workers_fails_a_task_sent_ahead_as_cancelled() -> None:
         assert isinstance(running.exception(), WorkerCrashedError)
         with pytest.raises(CancelledError):
             ex_ahead_guard.result(timeout=0)
+
+
+def test_a_task_sent_ahead_killed_alone_does_not_run_and_its_worker_s_task_ends_as_it_would(
+    one_worker: PrecompileExecutor,
+) -> None:
+    """``kill_running_futures`` of a task sent ahead, without the task its worker runs: that
+    task ends as it would, and the one ahead is killed when it starts, never run to its end
+    (a cluster's node kills a withdrawn task this way: ``NodePool.kill``)."""
+    _teach(one_worker)
+    first = one_worker.submit(crashers.nap, 0.5)
+    ahead = one_worker.submit(crashers.nap, 20.0)
+    assert one_worker.statistics().sent_ahead >= 1 and ahead.running()
+    assert kill_running_futures([ahead]) is None
+    assert first.result(timeout=30) == 0.5
+    error = ahead.exception(timeout=30)
+    assert isinstance(error, (CancelledError, WorkerCrashedError)), error
+    assert one_worker.submit(crashers.nap, QUICK_S).result(timeout=30) == QUICK_S
 
 
 def test_no_task_is_sent_ahead_to_a_worker_that_leaves_after_its_task() -> None:

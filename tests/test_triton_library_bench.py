@@ -85,6 +85,7 @@ def test_the_observer_sees_each_tune_its_choice_key_and_floor(gpu: DryRunGPU) ->
         assert row["configs"] == 3 and row["benches"] >= 3
         assert row["chosen"] == str(autotuner.best_config) and "BLOCK: 256" in row["chosen"]
         assert 0 < row["floor_s"] <= row["tune_s"]
+        assert 0 < row["longest_compile_s"] <= row["tune_s"] - row["floor_s"] + 1e-9
         # The chosen-kernel check finds the runs' choices under the key it computes itself.
         autotuner.nargs = dict(zip(autotuner.arg_names, args, strict=False))
         assert row["key"] == str(bench._tuning_key(autotuner, {}))
@@ -123,6 +124,44 @@ def test_the_report_renders_runs_kernels_and_the_check() -> None:
     )
     assert "| `k` | 4 | 5.50 [0.50] | 2.50 [0.50] | 0.45× |" in text
     assert "| `k` | (1,) | 1.0000 | 1.1000 | 1.10× |" in text
+    # no compile times recorded: the floor is the do_bench time alone
+    assert "| `k` | – | 2.50 [0.50] | 5.00× |" in text
+    assert "| all kernels | | 2.50 [0.50] | 5.00× |" in text
+
+
+def test_the_floor_of_a_tune_is_its_benchmarks_or_stocks_longest_compile() -> None:
+    def run(mode: str, tunes: list[tuple[str, float, float, float]]) -> dict[str, Any]:
+        rows = [
+            {
+                "kernel": f"m.{k}",
+                "key": key,
+                "configs": 4,
+                "tune_s": t,
+                "floor_s": f,
+                "longest_compile_s": c,
+                "chosen": "BLOCK: 1",
+            }
+            for (k, t, f, c), key in zip(tunes, ["(1,)", "(2,)"] * 2, strict=False)
+        ]
+        return {
+            "step_s": 1.0,
+            "forward_s": 0.5,
+            "process_s": 2.0,
+            "tune_s": 1.0,
+            "floor_s": 1.0,
+            "tunes": rows,
+            "executor": {},
+        }
+
+    # k: bench-bound (2.0 s of do_bench, compiles under 1 s); c: compile-bound (a 6 s compile)
+    stock = [run("stock", [("k", 9.0, 2.0, 0.9), ("c", 12.0, 0.5, 6.0)])]
+    use = [run("use", [("k", 2.2, 2.0, 0.1), ("c", 6.6, 0.5, 6.1)])]
+    lines = bench.against_floor(
+        {("x", "stock"): stock, ("x", "use"): use}, "x", ["use"], ["m.k", "m.c"]
+    )
+    assert "| `k` | 0.90 | 2.20 [2.00] | 1.10× |" in lines
+    assert "| `c` | 6.00 | 6.60 [6.00] | 1.10× |" in lines
+    assert "| all kernels | | 8.80 [8.00] | 1.10× |" in lines
 
 
 def test_runs_saved_by_an_earlier_call_are_loaded_for_the_libraries_and_modes_asked(
