@@ -8,6 +8,7 @@ with the machine, the versions and the date; paste them into ``docs/benchmarks.m
   caller's queue and windows) against the same no-op through dask's own ``ClientExecutor``
   (``Client.get_executor(pure=False)``, which runs it in the dask worker's thread: no isolation,
   no timeout). Both on the same two nodes.
+* ``--busy-caller``: the overhead rows beside a caller thread busy in Python.
 * **Compile batch**: distinct Triton matmul configs for sm_90 (``benchmarks._kernels``), on one
   node with one slot vs two nodes with one slot each. Pool workers are warmed first (the
   initializer pays the first compile), and each run uses a fresh Triton cache.
@@ -22,6 +23,7 @@ import contextlib
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +47,12 @@ def options(
     parser.add_argument("--quick", action="store_true", help="few tasks and configs (smoke run)")
     parser.add_argument("--configs", type=int, default=12, help="configs in the compile batch")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each compile batch")
+    parser.add_argument(
+        "--busy-caller",
+        action="store_true",
+        help="time the overhead rows beside a caller thread busy in Python (an autotuner "
+        "searching or benchmarking while its compiles run)",
+    )
     args = parser.parse_args(argv)
     args.n_map, args.n_rt = (50, 10) if args.quick else (500, 50)
     args.batch = configs(min(args.configs, 4) if args.quick else args.configs, quick=args.quick)
@@ -58,8 +66,33 @@ def overhead(
 ) -> tuple[float, float]:
     """(µs per task of ``run_all(n_map)``, median ms of ``run_one()``), after a warm-up."""
     run_all(20)  # warm: the pools have run a task, the caller's threads are up
-    per_task = timed(lambda: run_all(args.n_map))[0] / args.n_map * 1e6
-    return per_task, median(timed(run_one)[0] for _ in range(args.n_rt)) * 1e3
+    with busy_caller(args.busy_caller):
+        per_task = timed(lambda: run_all(args.n_map))[0] / args.n_map * 1e6
+        return per_task, median(timed(run_one)[0] for _ in range(args.n_rt)) * 1e3
+
+
+@contextlib.contextmanager
+def busy_caller(busy: bool) -> Iterator[None]:
+    """With ``busy``, a thread of this process runs a Python loop meanwhile: every other thread
+    of the caller (an executor's, the dask client's event loop) then waits for the GIL each time
+    it gives it up."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        total = 0
+        while not stop.is_set():
+            for i in range(1000):
+                total += i
+
+    thread = threading.Thread(target=spin, name="busy-caller", daemon=True)
+    if busy:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if busy:
+            thread.join(timeout=10)
 
 
 def executor_overhead(executor: Any, args: Any) -> tuple[float, float]:

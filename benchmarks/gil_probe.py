@@ -1,7 +1,7 @@
 """A caller that holds the GIL: how fast do tasks still flow through the pool?
 
     python -m benchmarks.gil_probe [--against REV ...] [--rounds 5] [--workers 4] [--tasks 48]
-        [--task-ms 20] [--warm-tasks 200] [--hog-ms 50]
+        [--task-ms 20] [--warm-tasks 200] [--hog-ms 50] [--result-kib 0]
 
 An autotuning process is rarely idle while its compiles run: Inductor traces and lowers the
 next graph, Triton's autotuner benchmarks or compiles a config in the caller, and much of that
@@ -13,7 +13,8 @@ stdlib's pool has the same shape (its management thread), Inductor's own pool a 
 Each measurement is a child interpreter that starts a *hog* thread — ``sorted()`` of a list
 sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of ``--workers``
 (so the workers' start-up messages meet the hog), maps ``--tasks`` tasks that each sleep
-``--task-ms`` in the worker, and reports the time from the pool's creation to the first result
+``--task-ms`` in the worker (and returns ``--result-kib`` KiB: a compile's files are hundreds
+of KiB, read in many pieces), and reports the time from the pool's creation to the first result
 and to the last, then the time ``--warm-tasks`` more take on the now warm pool (dispatch alone);
 the same without the hog gives the quiet baseline. The pool's module is imported before the hog
 starts (``import_s`` in each row). Pools: this tree's
@@ -58,9 +59,9 @@ def _sized_list(hog_ms: float) -> list[float]:
         size = int(size * max(1.5, min(10.0, hog_ms / max(took_ms, 0.01))))
 
 
-def _sleep_ms(ms: float) -> float:
+def _sleep_ms(ms: float, result_kib: int = 0) -> float | bytes:
     time.sleep(ms / 1e3)
-    return ms
+    return b"r" * (result_kib << 10) if result_kib else ms
 
 
 def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -96,14 +97,15 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
 
     first = None
     tasks = [args.task_ms] * args.tasks
+    kib = [args.result_kib] * max(args.tasks, args.warm_tasks)
     with executor:
-        for _ in executor.map(sleep_ms, tasks):
+        for _ in executor.map(sleep_ms, tasks, kib):
             if first is None:
                 first = time.perf_counter() - start
         last = time.perf_counter() - start
         # A longer batch on the warm pool: dispatch alone, no start-up.
         again = time.perf_counter()
-        for _ in executor.map(sleep_ms, [args.task_ms] * args.warm_tasks):
+        for _ in executor.map(sleep_ms, [args.task_ms] * args.warm_tasks, kib):
             pass
         warm = time.perf_counter() - again
     stop.set()
@@ -135,6 +137,8 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
         str(args.warm_tasks),
         "--hog-ms",
         str(args.hog_ms),
+        "--result-kib",
+        str(args.result_kib),
         *(["--hog"] if hog else []),
     ]
     out = subprocess.run(
@@ -184,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task-ms", type=float, default=20.0)
     parser.add_argument("--warm-tasks", type=int, default=200, help="the batch on the warm pool")
     parser.add_argument("--hog-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--result-kib", type=int, default=0, help="each task returns this many KiB (0: a float)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # this, stdlib, or against-N
     parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

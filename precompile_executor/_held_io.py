@@ -90,6 +90,21 @@ def recv_now(fd: int, size: int) -> bytes | None:
     return ctypes.string_at(buffer, got)  # copies what came, not the whole buffer
 
 
+def recv_soon(fd: int, size: int, wait_ms: int) -> bytes | None:
+    """Up to ``size`` bytes of the socket ``fd``, waiting at most ``wait_ms`` for the first of
+    them with the GIL kept (``b""``: its end); ``None`` when none came in that time, or on an
+    error (the caller's ordinary read waits or reports it). For the rest of a frame whose sender
+    is writing it now: it comes within microseconds, and each wait with the GIL released costs
+    a busy caller's thread a switch interval (docs/design.md, "System calls that keep the
+    GIL")."""
+    if _libc is None:
+        return None
+    slot = _PollFd(fd, select.POLLIN, 0)
+    if _libc.poll(ctypes.byref(slot), 1, wait_ms) != 1:
+        return None
+    return recv_now(fd, size)
+
+
 def read_now(fd: int, size: int) -> bytes | None:
     """Up to ``size`` bytes from the non-blocking pipe ``fd``; ``None`` when it holds nothing."""
     if _libc is None:

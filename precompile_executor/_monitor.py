@@ -37,7 +37,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from ._held_io import read_now, recv_now, write_now
+from ._held_io import read_now, recv_now, recv_soon, write_now
 from ._messages import Message, decode
 from ._state import WorkerHandle
 
@@ -46,6 +46,14 @@ log = logging.getLogger("precompile_executor")
 READ_CHUNK_BYTES = 1 << 16
 """What one read takes from a readable socket: many small messages at once; a larger frame is
 completed with reads of exactly what it still lacks."""
+
+FRAME_CHUNK_BYTES = 1 << 20
+"""The most one held read takes of a frame being completed (a compile's files: up to a few MiB)."""
+
+FRAME_WAIT_MS = 2
+"""How long a held read waits for more of a frame being completed. Its sender is writing it as
+the reader drains the socket, so the bytes come within microseconds; a sender that stalls
+longer (descheduled on a loaded machine) is waited for with the GIL released."""
 
 _SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
 _BIG_SIZE = struct.Struct("!Q")  # after a size of -1: frames over 2 GiB
@@ -280,9 +288,13 @@ def read_frames(fd: int) -> tuple[list[bytes], bool]:
 
 
 def _read_exactly(fd: int, n: int) -> bytes:
+    """The next ``n`` bytes of a frame ``fd``'s sender is writing: held reads while its bytes
+    come within ``FRAME_WAIT_MS``, then the ordinary (releasing) read."""
     chunks = []
     while n > 0:
-        chunk = os.read(fd, min(n, 1 << 24))
+        chunk = recv_soon(fd, min(n, FRAME_CHUNK_BYTES), FRAME_WAIT_MS)
+        if chunk is None:
+            chunk = os.read(fd, min(n, 1 << 24))
         if not chunk:
             raise EOFError("the stream ended inside a message")
         chunks.append(chunk)

@@ -104,3 +104,24 @@ def test_every_held_call_is_made_without_releasing_the_gil() -> None:
     assert libc is not None
     for fn in (libc.send, libc.recv, libc.read, libc.write, libc.poll):
         assert fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI, fn
+
+
+def test_a_socket_read_soon_takes_what_comes_within_its_wait_and_gives_up_after_it() -> None:
+    import subprocess
+    import sys
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        assert _held_io.recv_soon(ours.fileno(), 64, 1) is None  # nothing came within 1 ms
+        # Bytes another process sends while it waits are taken: a worker writing the rest of a
+        # frame. (Not a thread of this process: the wait keeps the GIL such a thread needs.)
+        fd = theirs.fileno()
+        code = f"import os, time; time.sleep(0.05); os.write({fd}, b'rest of a frame')"
+        sender = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd])
+        try:
+            got = _held_io.recv_soon(ours.fileno(), 64, 20_000)
+        finally:
+            sender.wait(20)
+        assert got == b"rest of a frame"
+        theirs.shutdown(socket.SHUT_WR)
+        assert _held_io.recv_soon(ours.fileno(), 64, 1000) == b""  # the end, at once
