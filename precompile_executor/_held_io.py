@@ -13,9 +13,10 @@ the poll). Measured by ``benchmarks/gil_probe.py`` (docs/benchmarks.md).
 The functions here call the C library through :class:`ctypes.PyDLL`, which keeps the GIL
 across the call, and only in a form that returns at once (``MSG_DONTWAIT``; a pipe that a
 zero-timeout ``poll`` says has room; a non-blocking pipe) — or, for the rest of a frame another
-process is writing now, within a wait of a few milliseconds at most (:func:`recv_soon`). Whatever they cannot do now they
-leave to the caller's usual, releasing path: ``None`` means "not now", never "done". Without a
-C library to load, every function answers ``None`` and the ordinary calls do all the work.
+process is writing now, within a wait of a few milliseconds at most (:func:`recv_soon`).
+Whatever they cannot do now they leave to the caller's usual, releasing path: ``None`` means
+"not now", never "done". Without a C library to load, every function answers ``None`` and the
+ordinary calls do all the work.
 docs/design.md, "System calls that keep the GIL".
 """
 
