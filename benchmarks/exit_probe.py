@@ -97,14 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes a comma-separated subset of {','.join(MODES)}")
     repo = str(Path(__file__).resolve().parent.parent)
-    from .s9_versus import extract
+    from .s9_versus import extract_all
 
     with tempfile.TemporaryDirectory(prefix="pe-exit-probe-") as scratch:
         trees = {"this tree": (repo, repo)}
-        for i, rev in enumerate(args.against):
-            into = Path(scratch) / str(i)
-            into.mkdir()
-            name = extract(rev, into)
+        for name, into in extract_all(args.against, Path(scratch)):
             trees[f"against {name}"] = (str(into), f"{into}{os.pathsep}{repo}")
         stock_tree = next(iter(trees))  # stock imports nothing of the library: run once
         cells = [

@@ -201,12 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = {"this": repo, "stdlib": repo}
     label = {"this": "this tree", "stdlib": "stdlib ProcessPoolExecutor (fork)"}
     with tempfile.TemporaryDirectory(prefix="pe-gil-probe-") as scratch:
-        for i, rev in enumerate(args.against):
-            from .s9_versus import extract
+        from .s9_versus import extract_all
 
-            into = Path(scratch) / str(i)
-            into.mkdir()
-            name = extract(rev, into)
+        for i, (name, into) in enumerate(extract_all(args.against, Path(scratch))):
             paths[f"against-{i}"] = f"{into}{os.pathsep}{repo}"
             label[f"against-{i}"] = f"against {name}"
         pools = list(paths)

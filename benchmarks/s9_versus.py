@@ -63,6 +63,18 @@ def extract(rev: str, into: Path) -> str:
     return short
 
 
+def extract_all(revs: list[str], scratch: Path) -> list[tuple[str, Path]]:
+    """Each of ``revs`` extracted (:func:`extract`) into a directory of its own under
+    ``scratch``: its name and that directory, in order. A child that imports the package from
+    one runs in it (``-m`` puts the working directory first on ``sys.path``)."""
+    trees = []
+    for i, rev in enumerate(revs):
+        into = scratch / str(i)
+        into.mkdir()
+        trees.append((extract(rev, into), into))
+    return trees
+
+
 def _measure(which: str, workers: int, n_map: int, n_rt: int, cfgs: list[Any], cache: str) -> Any:
     """The child's side: start one pool, warm it, time it; return the figures."""
     import multiprocessing

@@ -267,19 +267,12 @@ class Observer:
         rows = []
         for tune in sorted(self.tunes, key=lambda t: t["start"]):
             end = tune.get("end")
-            floor = sum(
-                s
-                for thread, start, s in self.benches
-                if thread == tune["thread"]
-                and tune["start"] <= start
-                and (end is None or start < end)
-            )
+            benches = _spans_in(self.benches, tune["thread"], tune["start"], end)
             beside = [
-                took - _within(self.benches, thread, start, took)
-                for thread, start, took in self.bench_calls
-                if thread == tune["thread"]
-                and tune["start"] <= start
-                and (end is None or start < end)
+                took - sum(s for _, _, s in _spans_in(self.benches, thread, start, start + took))
+                for thread, start, took in _spans_in(
+                    self.bench_calls, tune["thread"], tune["start"], end
+                )
             ]
             rows.append(
                 {
@@ -287,15 +280,9 @@ class Observer:
                     "configs": tune["configs"],
                     "at_s": round(tune["start"] - origin, 3),
                     "tune_s": None if end is None else end - tune["start"],
-                    "floor_s": floor,
+                    "floor_s": sum(s for _, _, s in benches),
                     "longest_compile_s": max(beside, default=0.0),
-                    "benches": sum(
-                        1
-                        for thread, start, _ in self.benches
-                        if thread == tune["thread"]
-                        and tune["start"] <= start
-                        and (end is None or start < end)
-                    ),
+                    "benches": len(benches),
                     "key": tune.get("key"),
                     "chosen": tune.get("chosen"),
                 }
@@ -303,9 +290,12 @@ class Observer:
         return rows
 
 
-def _within(spans: list[tuple[int, float, float]], thread: int, start: float, took: float) -> float:
-    """Seconds of ``spans`` on ``thread`` that start within ``[start, start + took)``."""
-    return sum(s for t, b, s in spans if t == thread and start <= b < start + took)
+def _spans_in(
+    spans: list[tuple[int, float, float]], thread: int, start: float, end: float | None
+) -> list[tuple[int, float, float]]:
+    """The spans (thread, start, seconds) on ``thread`` that start within ``[start, end)``
+    (``end`` ``None``: from ``start`` on)."""
+    return [x for x in spans if x[0] == thread and start <= x[1] and (end is None or x[1] < end)]
 
 
 def child(library: str, mode: str, out: Path) -> None:
@@ -514,9 +504,12 @@ def _here(runs: list[dict[str, Any]]) -> str:
     return f"{statistics.median(counts):.0f}"
 
 
-def per_kernel(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+def per_kernel(
+    runs: list[dict[str, Any]], floor_of: Callable[[dict[str, Any]], float] | None = None
+) -> dict[str, dict[str, list[float]]]:
     """Kernel (with the order of its first tune) → field → one value per run: its tunes' total
-    seconds and floor."""
+    seconds and floor (a tune's floor: ``floor_of(tune)``, by default its ``do_bench``
+    seconds)."""
     table: dict[str, dict[str, list[float]]] = {}
     for r in runs:
         if "tunes" not in r:
@@ -525,7 +518,7 @@ def per_kernel(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
         for tune in r["tunes"]:
             one = totals.setdefault(tune["kernel"], [0.0, 0.0, 0.0])
             one[0] += tune["tune_s"] or 0.0
-            one[1] += tune["floor_s"]
+            one[1] += tune["floor_s"] if floor_of is None else floor_of(tune)
             one[2] += tune["configs"]
         for kernel, (tune_s, floor_s, configs) in totals.items():
             row = table.setdefault(kernel, {"tune_s": [], "floor_s": [], "configs": []})
@@ -559,19 +552,11 @@ def against_floor(
     if not modes:
         return []
     longest = compile_floors(results.get((lib, "stock"), []))
-    table: dict[str, dict[str, dict[str, list[float]]]] = {}  # mode → kernel → field → runs
-    for mode in modes:
-        for r in results[(lib, mode)]:
-            sums: dict[str, list[float]] = {}
-            for tune in r.get("tunes", ()):
-                one = sums.setdefault(tune["kernel"], [0.0, 0.0])
-                one[0] += tune["tune_s"] or 0.0
-                compile_s = longest.get((tune["kernel"], str(tune.get("key"))), 0.0)
-                one[1] += max(tune["floor_s"], compile_s)
-            for kernel, (tune_s, floor_s) in sums.items():
-                row = table.setdefault(mode, {}).setdefault(kernel, {"tune": [], "floor": []})
-                row["tune"].append(tune_s)
-                row["floor"].append(floor_s)
+
+    def floor_of(tune: dict[str, Any]) -> float:
+        return max(tune["floor_s"], longest.get((tune["kernel"], str(tune.get("key"))), 0.0))
+
+    table = {mode: per_kernel(results[(lib, mode)], floor_of) for mode in modes}
     lines = [
         "",
         "Against the floor: a tune ends no sooner than its `do_bench` calls (its own run's) and "
@@ -589,11 +574,11 @@ def against_floor(
         compiles = [v for (k, _), v in longest.items() if k == kernel]
         cells = [_fmt(max(compiles)) if compiles else "–"]
         for mode in modes:
-            row = table.get(mode, {}).get(kernel)
+            row = table[mode].get(kernel)
             if row is None:
                 cells += ["–", "–"]
                 continue
-            tune_s, floor_s = _median(row["tune"]), _median(row["floor"])
+            tune_s, floor_s = _median(row["tune_s"]), _median(row["floor_s"])
             totals[mode][0] += tune_s or 0.0
             totals[mode][1] += floor_s or 0.0
             cells += [f"{_fmt(tune_s)} [{_fmt(floor_s)}]", _ratio(tune_s, floor_s)]

@@ -118,16 +118,23 @@ def test_scenario_9_extracts_only_the_package_of_the_revision(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precompile_executor"]
 
 
-@pytest.mark.timeout(180)
-def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
+def _run_benchmark(module: str, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.MODULE ARGV`` in the repository; fails the test unless it exits
+    0 within ``timeout`` seconds."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fork_cow_probe", "--forks", "2"],
+        [sys.executable, "-m", f"benchmarks.{module}", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(180)
+def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
+    done = _run_benchmark("fork_cow_probe", "--forks", "2", timeout=150)
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
     assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]
 
@@ -135,15 +142,12 @@ def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
 @pytest.mark.timeout(240)
 def test_gil_probe_measures_each_pool_with_and_without_the_hog(tmp_path: Path) -> None:
     # --against a directory: the same tree, linked (no git history needed).
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gil_probe", "--rounds", "1", "--workers", "1"]
-        + ["--tasks", "3", "--task-ms", "1", "--hog-ms", "2", "--against", str(REPO)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    done = _run_benchmark(
+        "gil_probe",
+        *("--rounds", "1", "--workers", "1", "--tasks", "3", "--task-ms", "1", "--hog-ms", "2"),
+        *("--against", str(REPO)),
         timeout=200,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
     assert len(runs) == 6 and not any("error" in line for line in runs), done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "/" in line]
@@ -158,15 +162,9 @@ def test_gil_probe_measures_each_pool_with_and_without_the_hog(tmp_path: Path) -
 @pytest.mark.timeout(300)
 def test_exit_probe_times_each_program_to_its_exit(tmp_path: Path) -> None:
     # --against a directory: the same tree, linked (no git history needed).
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.exit_probe", "--rounds", "1", "--modes", "triton"]
-        + ["--against", str(REPO)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
+    done = _run_benchmark(
+        "exit_probe", "--rounds", "1", "--modes", "triton", "--against", str(REPO), timeout=280
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
     assert len(runs) == 3 and all("'exit_s'" in line for line in runs), done.stdout
     rows = [line for line in done.stdout.splitlines() if line.startswith("| triton ")]
