@@ -1,7 +1,7 @@
 """A caller that holds the GIL: how fast do tasks still flow through the pool?
 
     python -m benchmarks.gil_probe [--against REV ...] [--rounds 5] [--workers 4] [--tasks 48]
-        [--task-ms 20] [--warm-tasks 200] [--hog-ms 50] [--result-kib 0]
+        [--task-ms 20] [--warm-tasks 200] [--hog-ms 50] [--result-kib 0] [--hog-kind c]
 
 An autotuning process is rarely idle while its compiles run: Inductor traces and lowers the
 next graph, Triton's autotuner benchmarks or compiles a config in the caller, and much of that
@@ -16,8 +16,13 @@ sized to hold the GIL in one C call for ``--hog-ms`` — then starts a pool of `
 ``--task-ms`` in the worker (and returns ``--result-kib`` KiB: a compile's files are hundreds
 of KiB, read in many pieces), and reports the time from the pool's creation to the first result
 and to the last, then the time ``--warm-tasks`` more take on the now warm pool (dispatch alone);
-the same without the hog gives the quiet baseline. The pool's module is imported before the hog
-starts (``import_s`` in each row). Pools: this tree's
+then the median of ``--round-trips`` one-at-a-time no-op tasks (latency alone: a ``map`` sends
+tasks ahead and hides it); the same without the hog gives the quiet baseline. With ``--hog-kind
+python`` the hog is a Python loop instead (an autotuner generating code or benchmarking in
+Python): CPython hands the GIL over only at the switch interval (``sys.getswitchinterval()``),
+and the row also gives the loop's own rate while the tasks ran against its rate just before the
+pool started (what the pool's threads cost the caller; docs/design.md, "A busy caller"). The
+pool's module is imported before the hog starts (``import_s`` in each row). Pools: this tree's
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
 extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
 and ``concurrent.futures.ProcessPoolExecutor`` (fork). Rounds interleave the pools (the order
@@ -67,11 +72,24 @@ def _sleep_ms(ms: float, result_kib: int = 0) -> float | bytes:
 def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement, in this interpreter: the pool started while the hog runs (or not)."""
     stop = threading.Event()
-    data = _sized_list(args.hog_ms) if args.hog else []
+    data = _sized_list(args.hog_ms) if args.hog and args.hog_kind == "c" else []
+    spins = [0]
 
     def hog() -> None:
+        if args.hog_kind == "c":
+            while not stop.is_set():
+                sorted(data)
+            return
         while not stop.is_set():
-            sorted(data)
+            total = 0
+            for i in range(1000):
+                total += i
+            spins[0] += 1
+
+    def spin_rate(seconds: float) -> float:
+        before, began = spins[0], time.perf_counter()
+        time.sleep(seconds)
+        return (spins[0] - before) / (time.perf_counter() - began)
 
     # The pool's module is imported before the hog starts, as a program imports its libraries
     # before it gets busy (each file an import opens would hand the hog a whole slice).
@@ -82,8 +100,11 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         import precompile_executor
     imported = time.perf_counter() - start
+    alone = None
     if args.hog:
         threading.Thread(target=hog, daemon=True).start()
+        if args.hog_kind == "python":
+            alone = spin_rate(0.5)
     start = time.perf_counter()
     if pool == "stdlib":
         executor: Any = ProcessPoolExecutor(
@@ -104,10 +125,16 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
                 first = time.perf_counter() - start
         last = time.perf_counter() - start
         # A longer batch on the warm pool: dispatch alone, no start-up.
-        again = time.perf_counter()
+        again, spun = time.perf_counter(), spins[0]
         for _ in executor.map(sleep_ms, [args.task_ms] * args.warm_tasks, kib):
             pass
         warm = time.perf_counter() - again
+        beside = (spins[0] - spun) / warm
+        trips = []
+        for _ in range(args.round_trips):
+            began = time.perf_counter()
+            executor.submit(sleep_ms, 0).result(timeout=CHILD_TIMEOUT_S)
+            trips.append(time.perf_counter() - began)
     stop.set()
     return {
         "pool": pool,
@@ -116,6 +143,8 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
         "first_s": first,
         "last_s": last,
         "warm_s": warm,
+        "round_trip_ms": median(trips) * 1e3 if trips else None,
+        "hog_rate": beside / alone if alone else None,
     }
 
 
@@ -139,6 +168,10 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
         str(args.hog_ms),
         "--result-kib",
         str(args.result_kib),
+        "--hog-kind",
+        args.hog_kind,
+        "--round-trips",
+        str(args.round_trips),
         *(["--hog"] if hog else []),
     ]
     out = subprocess.run(
@@ -191,6 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--result-kib", type=int, default=0, help="each task returns this many KiB (0: a float)"
     )
+    parser.add_argument(
+        "--hog-kind",
+        choices=("c", "python"),
+        default="c",
+        help="c: one C call holds the GIL --hog-ms; python: a Python loop",
+    )
+    parser.add_argument("--round-trips", type=int, default=30, help="one-at-a-time no-op tasks")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # this, stdlib, or against-N
     parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -226,23 +266,31 @@ def main(argv: list[str] | None = None) -> int:
         f"python {sys.version.split()[0]}, loky {version('loky')}; `python -m "
         f"benchmarks.gil_probe {' '.join(sys.argv[1:])}`: {args.workers} workers, "
         f"{args.tasks} tasks of {args.task_ms:g} ms (ideal {ideal:.2f} s), the caller's hog "
-        f"holding the GIL {args.hog_ms:g} ms a call; medians of {args.rounds} rounds.\n"
+        + (
+            f"holding the GIL {args.hog_ms:g} ms a call"
+            if args.hog_kind == "c"
+            else "a Python loop"
+        )
+        + f"; medians of {args.rounds} rounds.\n"
     )
     print(
         "| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet "
-        "| warm pool, --warm-tasks s (hog / quiet) | hog ÷ quiet |"
+        "| warm pool, --warm-tasks s (hog / quiet) | hog ÷ quiet "
+        "| round trip ms (hog / quiet) | the hog's rate beside the warm batch |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for pool in pools:
         cells = []
-        for key in ("first_s", "last_s", "warm_s"):
+        for key in ("first_s", "last_s", "warm_s", "round_trip_ms"):
             values: dict[bool, float] = {}
             for hog in (True, False):
-                good = [x[key] for x in rows[(pool, hog)] if key in x]
+                good = [x[key] for x in rows[(pool, hog)] if x.get(key) is not None]
                 values[hog] = median(good) if good else float("nan")
             cells.append(f"{values[True]:.2f} / {values[False]:.2f}")
-            if key != "first_s":
+            if key in ("last_s", "warm_s"):
                 cells.append(f"{values[True] / values[False]:.2f}")
+        rates = [x["hog_rate"] for x in rows[(pool, True)] if x.get("hog_rate") is not None]
+        cells.append(f"{median(rates):.3f}" if rates else "—")
         print(f"| {label[pool]} | {' | '.join(cells)} |")
     return 0
 

@@ -24,6 +24,7 @@ from ._executor import (
     PrecompileExecutor,
     stop_idle_workers,
 )
+from ._handoff import BUSY_SWITCH_INTERVAL_S, set_busy_switch_interval
 from ._process import KILL_GRACE_S
 from ._records import ExecutorStatistics, TaskCounts, TaskResult, TaskTimeline
 from ._worker import worker_device
@@ -31,6 +32,7 @@ from ._worker import worker_device
 __version__ = "0.2.0"
 
 __all__ = [
+    "BUSY_SWITCH_INTERVAL_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_WORKERS_PER_CORE",
     "KILL_GRACE_S",
@@ -51,6 +53,7 @@ __all__ = [
     "WorkerStartError",
     "completed_future",
     "kill_running_futures",
+    "set_busy_switch_interval",
     "estimated_cost",
     "stop_idle_workers",
     "wait_for_all",

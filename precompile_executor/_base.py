@@ -50,6 +50,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from ._errors import AFTER_SHUTDOWN, SerializationError
+from ._handoff import handoff
 from ._scheduler import own_callback
 from ._validate import (
     check_buffersize,
@@ -248,12 +249,15 @@ class BaseExecutor(Executor, Generic[B]):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__} {short_repr(fn)}")
         if self._parent is None:
-            return self._send(opts, calls, chunked=chunked, prepared=prepared)
+            future = self._send(opts, calls, chunked=chunked, prepared=prepared)
+            handoff.track(future)
+            return future
         with self._mine_lock:  # a view: its shutdown() must see every future it accepted
             if self._closed:
                 raise RuntimeError(AFTER_SHUTDOWN)
             future = self._send(opts, calls, chunked=chunked, prepared=prepared)
             self._mine.add(future)
+        handoff.track(future)
         future.add_done_callback(self._forget)
         return future
 
