@@ -53,8 +53,9 @@ def _settled_on(future: Future[Any]) -> str:
 def test_the_executor_and_its_views_attach_only_their_own_callbacks(
     executor: PrecompileExecutor,
 ) -> None:
-    """settle_now() takes a future whose callbacks are all marked the library's own; a view adds
-    one more (its shutdown's bookkeeping), marked too — and a user's is seen as a user's."""
+    """settle_now() takes a future whose callbacks are all marked the library's own (the
+    executor's, and the GIL hand-off's count of tasks in flight); a view adds one more (its
+    shutdown's bookkeeping), marked too — and a user's is seen as a user's."""
     view = executor.options(timeout=60)
     counts = []
     for ex in (executor, view):
@@ -63,7 +64,7 @@ def test_the_executor_and_its_views_attach_only_their_own_callbacks(
             counts.append(len(done_callbacks(future)))
             assert not user_callbacks(future), done_callbacks(future)
         assert future.result(timeout=60) == 1
-    assert counts == [1, 2]  # the executor's own; a view's future: the view's own too
+    assert counts == [2, 3]  # the executor's and the hand-off's; a view's future: the view's too
     future = Future[Any]()
     future.add_done_callback(lambda _: None)
     assert user_callbacks(future)
