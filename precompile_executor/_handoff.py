@@ -12,12 +12,14 @@ So from the moment a task of any executor of this library is in flight until the
 is done, the interval is at most :data:`BUSY_SWITCH_INTERVAL_S`; then it is put back as it was,
 unless the program set its own meanwhile (then its own stays). It changes nothing while no other
 thread waits for the GIL, and nothing for code that holds the GIL in one C call (those threads
-are served by the held reads of :mod:`._held_io`). Measured in docs/benchmarks.md ("A busy
-caller"); switched off with ``set_busy_switch_interval(None)``. Test: tests/test_handoff.py.
+are served by the held reads of :mod:`._held_io`). Why and measured: docs/design.md, "A busy
+caller: the GIL's hand-off"; switched off with ``set_busy_switch_interval(None)``. Test:
+tests/test_handoff.py.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -41,6 +43,7 @@ class Handoff:
         self._in_flight = 0
         self._saved: float | None = None  # the interval to put back; None: ours not in force
         self._ours = 0.0  # what sys reported after we set it
+        self._generation = 0  # a forked child's count starts anew: its parent's futures
 
     def in_flight(self) -> int:
         """Tasks submitted whose futures are not done yet."""
@@ -59,11 +62,14 @@ class Handoff:
             self._in_flight += 1
             if self._in_flight == 1:
                 self._lower()
-        future.add_done_callback(self._done)
+            generation = self._generation
+        future.add_done_callback(functools.partial(self._done, generation))
 
     @own_callback
-    def _done(self, future: Future[Any]) -> None:
+    def _done(self, generation: int, future: Future[Any]) -> None:
         with self._lock:
+            if generation != self._generation:
+                return  # counted by the parent this process was forked from
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._restore()
@@ -79,6 +85,7 @@ class Handoff:
         and maybe the lock held: it starts from zero at the program's own interval."""
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._generation += 1
         self._restore()
 
     def _restore(self) -> None:

@@ -150,3 +150,21 @@ def test_tasks_in_flight_on_several_threads_and_executors_share_one_count(
         assert not errors
     assert eventually(lambda: _handoff.handoff.in_flight() == 0)
     assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
+
+
+def what_the_child_sees() -> tuple[float, int]:
+    return sys.getswitchinterval(), _handoff.handoff.in_flight()
+
+
+def test_a_forked_child_starts_at_the_programs_interval_and_counts_from_zero(
+    ex: PrecompileExecutor,
+) -> None:
+    """A child of the fork path is forked from the caller while its own task (and others) are
+    in flight: it neither keeps the lowered interval nor counts its parent's tasks."""
+    other = ex.options(cost=3).submit(nap, 3)
+    assert sys.getswitchinterval() == pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)
+    interval, in_flight = ex.options(path="fork").submit(what_the_child_sees).result(timeout=60)
+    assert interval == pytest.approx(PYTHONS_DEFAULT_S)
+    assert in_flight == 0
+    other.result(timeout=60)
+    assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))
