@@ -17,7 +17,9 @@ the first measured run's whole first batch) and shares the cluster with every ru
 Each run is a fresh interpreter with a cold Triton cache (its own ``TRITON_CACHE_DIR``), timed by
 the parent from its start to its exit (**whole process**); rounds are interleaved. Every run's
 row is printed as soon as it ends and appended to ``DIR/fleet-runs.jsonl``, so a run cut short
-keeps what finished; the Markdown report is rewritten to ``DIR/fleet-bench.md`` after each row.
+keeps what finished; the Markdown report is rewritten to ``DIR/fleet-bench.md`` after each row,
+with a table of where each process's time went (``PHASES``: its start, before the tune, the tune,
+after it, its exit).
 At the end the cluster is torn down and every process the benchmark started, orphans included
 (the parent is their subreaper), must be gone.
 
@@ -139,6 +141,32 @@ keeps them."""
 SMOKE_PLAN = (("gemm", "local"), ("gemm", "cluster"), ("node-loss", "cluster"))
 KILL_MARKER_ENV = "FLEET_BENCH_KILL_MARKER"
 """A node-loss run writes this file when it is time for the parent to kill node 0."""
+
+PHASES = ("start", "before the tune", "tune", "after", "exit")
+"""Where a run's process time goes: the interpreter's start (to the run's body), the imports, the
+inputs and the executor before the first call or autotune, the tune, the teardown after it
+(checks, ``shutdown()``, ``client.close()``) and the exit (the row written to the end of the
+process as the parent sees it). The run stamps its moments (:func:`mark`); the parent adds the
+spawn and the exit."""
+
+_MARKS: dict[str, float] = {}
+
+
+def mark(moment: str) -> None:
+    """Stamp a moment of this run (wall clock, comparable with the parent's)."""
+    _MARKS[moment] = time.time()
+
+
+def phases(row: dict[str, Any]) -> dict[str, float] | None:
+    """The row's :data:`PHASES` in seconds, or ``None`` if a moment is missing."""
+    at = {**row.get("marks", {}), "spawned": row.get("spawned_at"), "exited": row.get("exited_at")}
+    order = ("spawned", "main", "tune", "tuned", "done", "exited")
+    if any(at.get(moment) is None for moment in order):
+        return None
+    spans = zip(PHASES, order, order[1:], strict=False)
+    return {name: round(at[b] - at[a], 3) for name, a, b in spans}
+
+
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
@@ -496,6 +524,7 @@ def gemm_run(
     if gpu is not None:
         driver.set_active(gpu)
     try:
+        mark("tune")
         start = time.perf_counter()
         if watcher is not None:
             watcher.start(start)
@@ -514,6 +543,7 @@ def gemm_run(
 
             torch.cuda.synchronize()
         row["first_call_s"] = round(time.perf_counter() - start, 3)
+        mark("tuned")
     finally:
         if gpu is not None:
             driver.set_active(previous)
@@ -612,9 +642,11 @@ def helion_run(mode: str, scheduler: str | None, configs: int, target: str) -> d
             stack.enter_context(use(executor))
         elif mode != "native":
             raise ValueError(f"unknown helion mode {mode!r}")
+        mark("tune")
         start = time.perf_counter()
         best = kernel.autotune(args, force=True)
         row["autotune_s"] = round(time.perf_counter() - start, 3)
+        mark("tuned")
     row["best"] = str(best)
     # The config itself, as Helion rebuilds it (helion.Config.from_json), for a later timing of
     # the modes' choices side by side.
@@ -677,9 +709,14 @@ def check_run(choices: list[str], alternations: int, configs: int, smoke: bool) 
 
 def child_main(scenario: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """The run's body in this fresh interpreter: its row (the parent adds the process time)."""
+    mark("main")
     if scenario in ("gemm", "node-loss"):
-        return gemm_run(mode, args.scheduler, args.configs, args.cpu_smoke, args.target)
-    return helion_run(mode, args.scheduler, args.helion_configs, args.target)
+        row = gemm_run(mode, args.scheduler, args.configs, args.cpu_smoke, args.target)
+    else:
+        row = helion_run(mode, args.scheduler, args.helion_configs, args.target)
+    mark("done")
+    row["marks"] = dict(_MARKS)
+    return row
 
 
 # -- the cluster (the parent) --------------------------------------------------------------------
@@ -923,7 +960,7 @@ def run_one(
         cmd += ["--scheduler", cluster.address]
     if args.cpu_smoke:
         cmd.append("--cpu-smoke")
-    row: dict[str, Any] = {"scenario": scenario, "mode": mode}
+    row: dict[str, Any] = {"scenario": scenario, "mode": mode, "spawned_at": time.time()}
     start = time.perf_counter()
     with open(run_dir / "output.log", "wb") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -944,6 +981,7 @@ def run_one(
                         killed = True
                     time.sleep(0.005)
             ended = time.perf_counter()
+            row["exited_at"] = time.time()
         finally:  # a time-out, or the parent interrupted: the run goes with all it started
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind
@@ -1245,6 +1283,14 @@ def report(
             f"| {r['scenario']} | {r['mode']} | {r['process_s']:.1f} | {' | '.join(cells)} | "
             f"`{r.get('best')}` |"
         )
+    timed = [(r, p) for r in rows if "error" not in r and (p := phases(r)) is not None]
+    if timed:
+        lines += ["", "Where each process's time goes (s):", "",
+                  "| scenario | mode | " + " | ".join(PHASES) + " |",
+                  "|---|---|" + "---|" * len(PHASES)]  # fmt: skip
+        lines += [f"| {r['scenario']} | {r['mode']} | "
+                  + " | ".join(f"{p[name]:.2f}" for name in PHASES) + " |"
+                  for r, p in timed]  # fmt: skip
     if checked:
         lines += ["", "Chosen-kernel check (one fresh process, stock Triton's `do_bench`, the "
                   "configs timed one after another, median ms):", ""]  # fmt: skip

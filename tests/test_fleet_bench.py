@@ -93,6 +93,17 @@ def test_cpu_smoke_runs_on_loopback_and_leaves_no_process(tmp_path: Path) -> Non
     assert loss["killed_pid"] and loss["nodes_lost"] == 1 and loss["resends"] >= 1
     report = (out / "fleet-bench.md").read_text()
     assert "MISSED" not in report, report
+    # Each process's time in its phases: all of it, in order (a local run has nothing to tear
+    # down after its tune).
+    from benchmarks.fleet_bench import PHASES, phases
+
+    for r in rows:
+        spans = phases(r)
+        assert spans is not None and list(spans) == list(PHASES), r
+        assert all(s >= 0 for s in spans.values()) and spans["tune"] > 0, spans
+        assert sum(spans.values()) == pytest.approx(r["exited_at"] - r["spawned_at"], abs=0.01)
+        assert spans["tune"] >= r["first_call_s"]
+    assert "Where each process's time goes" in report
 
 
 # -- the report's arithmetic (pure functions of recorded rows) ------------------------------------
