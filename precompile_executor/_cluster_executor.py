@@ -20,6 +20,7 @@ import cloudpickle
 from ._base import BaseExecutor, Call, Path, TaskOptions
 from ._cluster_state import ClusterState, S
 from ._errors import Classification
+from ._handoff import handoff
 from ._node_pool import TritonCheck, triton_version
 from ._validate import (
     check_count,
@@ -108,7 +109,8 @@ class ClusterExecutor(BaseExecutor[ClusterState[Any, Any, S]]):
             TimeoutError: a node's pool was not ready within ``timeout`` seconds (where the
                 backend waits for each node: Ray; a dask node's timeout fails it as above).
         """
-        return self._backend.warm_up(timeout)
+        with handoff.holding():  # the nodes' answers reach a caller that may be busy
+            return self._backend.warm_up(timeout)
 
     def statistics(self) -> S:
         """Return an immutable snapshot of the queue, the tasks in flight and the nodes."""

@@ -69,6 +69,7 @@ from ._costs import COST_ATTRIBUTE, CostKey, CostModel, Estimate, call_features,
 from ._costs import function_key as _function_key
 from ._costs import shared_model as _shared_model
 from ._errors import Classification
+from ._handoff import handoff
 from ._hub import current_hub, get_hub
 from ._records import DEFAULT_IDLE_TIMEOUT_S, ExecutorStatistics, Settings, TaskTimeline
 from ._scheduler import Scheduler, own_callback
@@ -382,7 +383,8 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
                 ``terminate_workers()``) before all workers were ready.
         """
         self._check_view_open()
-        return self._backend.warm_up(timeout)
+        with handoff.holding():  # the workers' hellos reach a caller that may be busy
+            return self._backend.warm_up(timeout)
 
     def statistics(self) -> ExecutorStatistics:
         """Return an immutable snapshot of this executor's queue, tasks and workers."""

@@ -19,11 +19,13 @@ tests/test_handoff.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -46,7 +48,7 @@ class Handoff:
         self._generation = 0  # a forked child's count starts anew: its parent's futures
 
     def in_flight(self) -> int:
-        """Tasks submitted whose futures are not done yet."""
+        """Tasks submitted whose futures are not done yet, and ``holding()`` blocks open."""
         return self._in_flight
 
     def configure(self, interval: float | None) -> None:
@@ -65,8 +67,22 @@ class Handoff:
             generation = self._generation
         future.add_done_callback(functools.partial(self._done, generation))
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Count one more in flight for the block: workers starting (``warm_up()``) send their
+        hellos to the monitor while the caller may be busy."""
+        with self._lock:
+            self._in_flight += 1
+            if self._in_flight == 1:
+                self._lower()
+            generation = self._generation
+        try:
+            yield
+        finally:
+            self._done(generation, None)
+
     @own_callback
-    def _done(self, generation: int, future: Future[Any]) -> None:
+    def _done(self, generation: int, future: Future[Any] | None) -> None:
         with self._lock:
             if generation != self._generation:
                 return  # counted by the parent this process was forked from

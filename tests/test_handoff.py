@@ -168,3 +168,22 @@ def test_a_forked_child_starts_at_the_programs_interval_and_counts_from_zero(
     assert in_flight == 0
     other.result(timeout=60)
     assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))
+
+
+def test_the_interval_is_lowered_while_workers_start() -> None:
+    """``warm_up()`` (an integration's background start of its default executor) counts as in
+    flight: the workers' hellos reach a caller that may be busy."""
+    with PrecompileExecutor(2) as fresh:
+        backend = fresh._backend
+        original = backend.warm_up
+        seen: list[float] = []
+
+        def warm_up(timeout: float | None) -> list[int]:
+            seen.append(sys.getswitchinterval())
+            return original(timeout)
+
+        backend.warm_up = warm_up  # type: ignore[method-assign]
+        assert len(fresh.warm_up(timeout=60)) == 2
+        assert seen == [pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)]
+    assert _handoff.handoff.in_flight() == 0
+    assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
