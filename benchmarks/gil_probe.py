@@ -21,7 +21,9 @@ tasks ahead and hides it); the same without the hog gives the quiet baseline. Wi
 python`` the hog is a Python loop instead (an autotuner generating code or benchmarking in
 Python): CPython hands the GIL over only at the switch interval (``sys.getswitchinterval()``),
 and the row also gives the loop's own rate while the tasks ran against its rate just before the
-pool started (what the pool's threads cost the caller; docs/design.md, "A busy caller"). The
+pool started (what the pool's threads cost the caller; docs/design.md, "A busy caller"). With
+``--warm-up-first`` the pool's workers are started by ``warm_up()`` before the first task, timed
+(the first result then comes from a warm pool). The
 pool's module is imported before the hog starts (``import_s`` in each row). Pools: this tree's
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
 extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
@@ -116,6 +118,11 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
     # runs as __main__, whose functions cloudpickle pickles by value, for every task).
     from benchmarks.gil_probe import _sleep_ms as sleep_ms
 
+    warm_up_s = None
+    if args.warm_up_first and hasattr(executor, "warm_up"):
+        began = time.perf_counter()
+        executor.warm_up(timeout=CHILD_TIMEOUT_S)
+        warm_up_s = time.perf_counter() - began
     first = None
     tasks = [args.task_ms] * args.tasks
     kib = [args.result_kib] * max(args.tasks, args.warm_tasks)
@@ -145,6 +152,7 @@ def child(pool: str, args: argparse.Namespace) -> dict[str, Any]:
         "warm_s": warm,
         "round_trip_ms": median(trips) * 1e3 if trips else None,
         "hog_rate": beside / alone if alone else None,
+        "warm_up_s": warm_up_s,
     }
 
 
@@ -172,6 +180,7 @@ def _run_child(pool: str, pythonpath: str, args: argparse.Namespace, hog: bool) 
         args.hog_kind,
         "--round-trips",
         str(args.round_trips),
+        *(["--warm-up-first"] if args.warm_up_first else []),
         *(["--hog"] if hog else []),
     ]
     out = subprocess.run(
@@ -231,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         help="c: one C call holds the GIL --hog-ms; python: a Python loop",
     )
     parser.add_argument("--round-trips", type=int, default=30, help="one-at-a-time no-op tasks")
+    parser.add_argument(
+        "--warm-up-first",
+        action="store_true",
+        help="start the workers with warm_up() (timed) before the first task",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # this, stdlib, or against-N
     parser.add_argument("--hog", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -277,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         "| pool | first result s (hog / quiet) | last result s (hog / quiet) | hog ÷ quiet "
         "| warm pool, --warm-tasks s (hog / quiet) | hog ÷ quiet "
         "| round trip ms (hog / quiet) | the hog's rate beside the warm batch |"
+        + (" warm_up() s (hog / quiet) |" if args.warm_up_first else "")
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.warm_up_first else ""))
     for pool in pools:
         cells = []
         for key in ("first_s", "last_s", "warm_s", "round_trip_ms"):
@@ -291,6 +306,16 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{values[True] / values[False]:.2f}")
         rates = [x["hog_rate"] for x in rows[(pool, True)] if x.get("hog_rate") is not None]
         cells.append(f"{median(rates):.3f}" if rates else "—")
+        if args.warm_up_first:
+            starts = {
+                hog: [x["warm_up_s"] for x in rows[(pool, hog)] if x.get("warm_up_s") is not None]
+                for hog in (True, False)
+            }
+            cells.append(
+                f"{median(starts[True]):.2f} / {median(starts[False]):.2f}"
+                if starts[True] and starts[False]
+                else "—"
+            )
         print(f"| {label[pool]} | {' | '.join(cells)} |")
     return 0
 
