@@ -181,6 +181,7 @@ class Hub:
         worker's socket before its result is decoded and its future set, so the worker runs
         meanwhile; on the monitor, they wait for the end of its round (:meth:`Monitor.later`)
         (docs/design.md, "Per-task overhead")."""
+        self.memory.start_pending()
         wake = False
         settles: list[Settle] = []
         for action in actions:
@@ -274,6 +275,7 @@ class Hub:
                 self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
             self.roster.workers.add(worker)
             self.roster.conns[conn] = worker
+        self.memory.start_pending()
         log.debug("task %d on the fork path, child pid %d", task.id, pid)
         self.wake()
 
@@ -367,6 +369,7 @@ class Hub:
                     self.memory.watch(task, worker.pid, task.memory_limit)
                 if task.kill_order is not None and worker is not None:
                     doomed = worker.pid  # killed while it waited ahead (Scheduler.kill)
+        self.memory.start_pending()
         if doomed:
             self.submit_job(_process.kill_group, doomed, 0.0)
 

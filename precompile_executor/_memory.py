@@ -175,6 +175,8 @@ class MemoryGuard:
         self._watched: dict[Any, _Watched] = {}  # key → what is sampled (a started task)
         self._waiting: set[Any] = set()  # schedulers whose head task waits for memory
         self._thread: threading.Thread | None = None
+        self._to_measure: list[_Watched] = []  # watched, their shared pages not read yet
+        self._pending = False  # something for start_pending(): a thread or a job to start
 
     # -- under the hub's lock ----------------------------------------------------------------
 
@@ -204,15 +206,15 @@ class MemoryGuard:
         entry = _Watched(key, pid, limit, fork_anon)
         self._watched[key] = entry
         if fork_anon is None:
-            self._submit(self._measure_shared, entry)  # sampled once it is known
-        self._ensure_thread()
+            self._to_measure.append(entry)  # sampled once it is known
+        self._pending = True
 
     def wait_for_memory(self, scheduler: Any, waiting: bool) -> None:
         """Mark ``scheduler`` as waiting for memory (its queue head did not fit) or not (lock
         held)."""
         if waiting:
             self._waiting.add(scheduler)
-            self._ensure_thread()
+            self._pending = True
         else:
             self._waiting.discard(scheduler)
 
@@ -221,12 +223,38 @@ class MemoryGuard:
         watched = self._watched.get(key)
         return watched.last if watched is not None else 0
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._loop, name="precompile-memory", daemon=True
-            )
-            self._thread.start()
+    # -- with the hub's lock released ---------------------------------------------------------
+
+    def start_pending(self) -> None:
+        """Start what :meth:`watch` and :meth:`wait_for_memory` asked for: the reads of the new
+        tasks' shared pages (jobs) and the watcher thread. Called with the hub's lock released
+        (:meth:`Hub.run`, and after the hub's own blocks that watch a task): a thread started
+        under it waits for the new thread while holding it, and a garbage collection in the new
+        thread's start that runs a finalizer needing the lock would never end (docs/design.md,
+        "Threads: who owns what")."""
+        if not self._pending:
+            return  # whoever sets it calls this once it has released the lock
+        with self._lock:
+            self._pending = False
+            measure, self._to_measure = self._to_measure, []
+            thread = None
+            current = self._thread
+            # A thread created but not started yet has no ident; one that died (an error in a
+            # sample) is replaced.
+            dead = current is not None and current.ident is not None and not current.is_alive()
+            if (self._watched or self._waiting) and (current is None or dead):
+                thread = self._thread = threading.Thread(
+                    target=self._loop, name="precompile-memory", daemon=True
+                )
+        for entry in measure:
+            self._submit(self._measure_shared, entry)
+        if thread is not None:
+            try:
+                thread.start()
+            except RuntimeError:  # the interpreter is exiting: no more threads
+                with self._lock:
+                    if self._thread is thread:
+                        self._thread = None
 
     # -- the watcher thread ------------------------------------------------------------------
 

@@ -301,3 +301,42 @@ def test_a_limit_larger_than_the_free_memory_runs_one_at_a_time_and_never_stalls
         time.sleep(0.05)
     assert not _memory_watcher_alive()  # it ends once nothing is watched or waiting
     assert ex.statistics().waiting_for_memory == 0
+
+
+def test_no_thread_is_started_while_the_hubs_lock_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Thread.start()`` waits for the new thread; a garbage collection in that thread's start
+    may run a finalizer that needs the hub's lock (a user's ``__del__`` that shuts an executor
+    down), which its holder would never release. So the library starts its threads — the memory
+    watcher, the jobs that read a watched task's pages, job and settle threads — only with the
+    lock released: checked here over the memory guard's three ways in (a task started on a
+    worker, on the fork path, and a scheduler waiting for memory) and over kills and starts."""
+    from precompile_executor._hub import current_hub
+
+    violations: list[str] = []
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        hub = current_hub()
+        # RLock._is_owned: CPython's own check behind Condition (Lib/threading.py).
+        if hub is not None and hub.lock._is_owned():  # type: ignore[attr-defined]
+            violations.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    half = psutil.virtual_memory().available // 2
+    with PrecompileExecutor(3, memory_limit=LIMIT, timeout=5) as ex:
+        for _ in range(2):  # the second round after every idle thread has ended
+            assert ex.submit(helpers.hold_memory, MIB, 0.1).result(timeout=60)
+            assert ex.options(path="fork").submit(helpers.hold_memory, MIB, 0.1).result(timeout=60)
+            waiting = [
+                ex.options(memory_limit=half).submit(helpers.hold_memory, MIB, 0.3)
+                for _ in range(3)
+            ]
+            assert all(f.result(timeout=60) for f in waiting)
+            with pytest.raises(TaskMemoryError):
+                ex.submit(helpers.allocate, GIB).result(timeout=60)
+            end = time.monotonic() + 30
+            while _memory_watcher_alive() and time.monotonic() < end:
+                time.sleep(0.05)
+            time.sleep(1.2)  # past THREAD_IDLE_S: job and settle threads end
+    assert violations == []
