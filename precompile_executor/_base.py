@@ -250,15 +250,14 @@ class BaseExecutor(Executor, Generic[B]):
             raise TypeError(f"fn must be callable, got {type(fn).__name__} {short_repr(fn)}")
         if self._parent is None:
             future = self._send(opts, calls, chunked=chunked, prepared=prepared)
-            handoff.track(future)
-            return future
-        with self._mine_lock:  # a view: its shutdown() must see every future it accepted
-            if self._closed:
-                raise RuntimeError(AFTER_SHUTDOWN)
-            future = self._send(opts, calls, chunked=chunked, prepared=prepared)
-            self._mine.add(future)
+        else:
+            with self._mine_lock:  # a view: its shutdown() must see every future it accepted
+                if self._closed:
+                    raise RuntimeError(AFTER_SHUTDOWN)
+                future = self._send(opts, calls, chunked=chunked, prepared=prepared)
+                self._mine.add(future)
+            future.add_done_callback(self._forget)
         handoff.track(future)
-        future.add_done_callback(self._forget)
         return future
 
     @own_callback

@@ -60,26 +60,25 @@ class Handoff:
 
     def track(self, future: Future[Any]) -> None:
         """Count ``future`` in flight until it is done (a done-callback of the library's own)."""
-        with self._lock:
-            self._in_flight += 1
-            if self._in_flight == 1:
-                self._lower()
-            generation = self._generation
-        future.add_done_callback(functools.partial(self._done, generation))
+        future.add_done_callback(functools.partial(self._done, self._begin()))
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
         """Count one more in flight for the block: workers starting (``warm_up()``) send their
         hellos to the monitor while the caller may be busy."""
-        with self._lock:
-            self._in_flight += 1
-            if self._in_flight == 1:
-                self._lower()
-            generation = self._generation
+        generation = self._begin()
         try:
             yield
         finally:
             self._done(generation, None)
+
+    def _begin(self) -> int:
+        """Count one more in flight; return the generation its end must match."""
+        with self._lock:
+            self._in_flight += 1
+            if self._in_flight == 1:
+                self._lower()
+            return self._generation
 
     @own_callback
     def _done(self, generation: int, future: Future[Any] | None) -> None:
