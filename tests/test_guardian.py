@@ -53,9 +53,13 @@ def test_a_group_watched_twice_is_sent_once_and_still_killed_when_the_parent_goe
     # A line goes out through the held write when the pipe has room, else through stdin.
     held_write = _process.write_now
 
+    ours = recorder.fileno()
+
     def recorded(fd: int, data: bytes) -> int | None:
         written = held_write(fd, data)
-        if written is not None:
+        # Only this guardian's lines: a thread of an earlier test's pool may still be telling
+        # the process-wide guardian of its workers.
+        if written is not None and fd == ours:
             recorder.lines.append(data.decode().strip())
         return written
 
