@@ -7,9 +7,10 @@
 The parent starts one dask scheduler and ``--nodes`` (2) dask workers of ``--node-threads`` (8)
 threads, each a separate process (``python -m distributed.cli.dask_worker --no-nanny``) started
 with ``CUDA_VISIBLE_DEVICES=""`` and every address bound to 127.0.0.1 (checked: each socket of
-every cluster process), at the priority of the local executor's workers (the caller's benchmarks
-run beside them on one machine). It warms the nodes' pools once (``prewarm`` for this GPU's
-target: a standing cluster's pools are warm; later executors with the same initializer reuse
+every cluster process), at the caller's priority, their pools' compile workers at the local
+executor's workers' (the caller's benchmarks run beside them on one machine: ``NODE_NICENESS``).
+It warms the nodes' pools once (``prewarm_worker`` for this GPU's target: a standing cluster's
+pools are warm; later executors with the same initializer reuse
 them; this also brings torch and Triton into the page cache before the first measured run),
 runs one trivial task per slot through the whole task path (a standing cluster has run tasks
 before; the first task a fresh dask cluster ever runs waits for dask's cold path, which held back
@@ -29,9 +30,9 @@ Scenarios and modes:
   ``examples.autotune_kernels.matmul_configs`` less the 64×256 and 256×64 tiles), 4096³ fp16, the
   first call: ``stock`` (Triton alone), ``local`` (``with autotune.use():``: the shared default
   executor, started by the block), ``cluster`` (``with autotune.use(DaskPrecompileExecutor(client,
-  initializer=prewarm, ...))``, client and executor made in the run). Per run: the first call,
-  the best config and every config's timing, the configs compiled on nodes or workers and in this
-  process (every ``triton.compile`` here that was not a cache hit), and for ``cluster`` the
+  initializer=prewarm_worker, ...))``, client and executor made in the run). Per run: the first
+  call, the best config and every config's timing, the configs compiled on nodes or workers and
+  in this process (every ``triton.compile`` here that was not a cache hit), and for ``cluster`` the
   **per-task cost**: for each compile done on a node, its wall time as this process sees it (from
   the dispatch to its node to its files installed here) less the compile's own time measured on
   the node (``CompiledArtifacts.compile_time_s``), summed and divided by the compile time moved;
@@ -121,11 +122,13 @@ BEST_WITHIN = 0.02
 stock's choice (or faster)."""
 ALTERNATIONS = 10
 """Rounds of the chosen-kernel check: each chosen config timed once a round, one after another."""
-WORKER_NICENESS = 10
-"""The dask workers' niceness, which their pools' workers inherit: that of the local executor's
-workers (``precompile_executor.triton._prewarm.WORKER_NICENESS``), so both modes' compiles
-compete alike with the caller's benchmarks on this one machine (CPU nodes elsewhere would not).
-The scheduler, a cluster's head rather than a node, runs at the caller's priority."""
+NODE_NICENESS = 0
+"""The dask workers' niceness: the caller's, as a node's own process has on a CPU node (and as the
+scheduler has). Their pools' workers run ``prewarm_worker``, which lowers each by the local
+executor's workers' increment (``precompile_executor.triton._prewarm.WORKER_NICENESS``), so both
+modes' compiles compete alike with the caller's benchmarks on this one machine (CPU nodes
+elsewhere would not), and a node's dask event loop — the task's way to the node and back — is
+not queued behind the 16 compiles it drives."""
 LOOPBACK = frozenset({"127.0.0.1", "::ffff:127.0.0.1"})
 PLAN = (
     ("gemm", "stock"),
@@ -421,17 +424,21 @@ def _cluster_executor(scheduler: str, target: str) -> tuple[Any, Any]:
     from distributed import Client
 
     from precompile_executor.dask import DaskPrecompileExecutor
-    from precompile_executor.triton import classify, prewarm
+    from precompile_executor.triton import classify
 
     client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
-    executor = DaskPrecompileExecutor(
-        client,
-        timeout=COMPILE_TIMEOUT_S,
-        classify=classify,
-        initializer=prewarm,
-        initargs=(target,),
-    )
+    executor = DaskPrecompileExecutor(client, timeout=COMPILE_TIMEOUT_S, classify=classify,
+                                      **node_initializer(target))  # fmt: skip
     return client, executor
+
+
+def node_initializer(target: str) -> dict[str, Any]:
+    """The cluster executors' initializer (the parent's warm-up and every run use the same, so
+    the runs reuse the warm pools): the local executor's worker set-up, ``prewarm`` for the
+    caller's target at :data:`NODE_NICENESS` plus the local workers' increment."""
+    from precompile_executor.triton._prewarm import WORKER_NICENESS, prewarm_worker
+
+    return {"initializer": prewarm_worker, "initargs": (target, WORKER_NICENESS)}
 
 
 def _cached_hashes() -> set[str]:
@@ -780,7 +787,7 @@ class LoopbackCluster:
              "--memory-limit", "0", "--death-timeout", "60",
              "--local-directory", str(self.workdir / f"node-{i}")],
             f"node-{i}.log",
-            WORKER_NICENESS,
+            NODE_NICENESS,
         )  # fmt: skip
 
     def kill_worker(self, i: int) -> int:
@@ -817,15 +824,11 @@ class LoopbackCluster:
         """Start every node's pool as the runs' executors build it (``prewarm`` for ``target``);
         it stays warm for the next executor with the same initializer. Returns pids and time."""
         from precompile_executor.dask import DaskPrecompileExecutor
-        from precompile_executor.triton import classify, prewarm
+        from precompile_executor.triton import classify
 
         began = time.perf_counter()
         with DaskPrecompileExecutor(
-            self.client,
-            timeout=COMPILE_TIMEOUT_S,
-            classify=classify,
-            initializer=prewarm,
-            initargs=(target,),
+            self.client, timeout=COMPILE_TIMEOUT_S, classify=classify, **node_initializer(target)
         ) as executor:
             pids = executor.warm_up(timeout=CLUSTER_START_TIMEOUT_S)
             # One task per slot through the whole task path (client, scheduler, node, pool):
