@@ -821,7 +821,7 @@ class LoopbackCluster:
         return pid if pid in found.values() else None
 
     def warm(self, target: str) -> dict[str, Any]:
-        """Start every node's pool as the runs' executors build it (``prewarm`` for ``target``);
+        """Start every node's pool as the runs' executors build it (:func:`node_initializer`);
         it stays warm for the next executor with the same initializer. Returns pids and time."""
         from precompile_executor.dask import DaskPrecompileExecutor
         from precompile_executor.triton import classify

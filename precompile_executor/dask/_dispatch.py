@@ -21,8 +21,8 @@ Data flow::
       (its done-callbacks, e.g. a compile's files installed); the node's slot is free again
 
 Who owns what: the caller's lock guards the heap, ``in_flight`` (key → task), the nodes and the
-counters. A task in flight is resolved by whoever pops it from ``in_flight``: the dask callback
-thread (an outcome), the dispatcher (its node left: :class:`NodeLostError`) or the thread that
+counters. A task in flight is resolved by whoever pops it from ``in_flight``: a fetcher thread
+(an outcome), the dispatcher (its node left: :class:`NodeLostError`) or the thread that
 cancelled its future (then the dispatcher kills it on its node). Only the dispatcher thread
 talks to dask in blocking calls (``submit``, ``cancel``, ``run``, ``nthreads``); the client's IO
 loop thread only marks futures running; the dask callback thread only hands finished tasks to
