@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import cloudpickle
@@ -124,6 +124,15 @@ _ids = itertools.count(1)
 
 log = logging.getLogger("precompile_executor")
 
+RESOLVERS = 4
+"""Finished tasks resolved at once, on threads of the executor's own. A cluster's client runs its
+futures' done-callbacks on one thread (dask: ``distributed.client.Future._cb_executor``; Ray: the
+thread that completes ``ObjectRef.future()``), so a task resolved there — its outcome fetched and
+unpickled, its future's own done-callbacks run (a compile's files installed in the caller's
+cache, a user's callback) — made every later outcome wait for it: on the GPU box's fleet
+benchmark, the largest part of a compile's cost of moving (docs/dask.md, "Compile on CPU
+nodes"). The work is mostly waiting and writing files: a few threads suffice."""
+
 
 class ClusterState(Generic[T, N, S]):
     """Everything a cluster executor and its ``options()`` views share (see the module doc)."""
@@ -150,6 +159,15 @@ class ClusterState(Generic[T, N, S]):
         self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
         self.completed = self.failed = self.cancelled = 0
         self.timed_out = self.crashed = self.nodes_lost = 0
+        self.resolvers = ThreadPoolExecutor(RESOLVERS, thread_name_prefix="precompile-resolve")
+
+    def resolve_later(self, resolve: Callable[..., None], *args: Any) -> None:
+        """Run ``resolve(*args)`` — a finished task's outcome fetched and its future resolved —
+        on a resolver thread (:data:`RESOLVERS`); the client's callback thread calls this."""
+        try:
+            self.resolvers.submit(resolve, *args)
+        except RuntimeError:  # shut down: the task was resolved otherwise; resolve finds out
+            resolve(*args)
 
     def poke(self) -> None:
         """Wake the dispatcher (lock held)."""
@@ -206,6 +224,10 @@ class ClusterState(Generic[T, N, S]):
                 call()
             if done and not sends:
                 break
+        # Not waited for: a done-callback that shuts its executor down with wait=True runs on a
+        # resolver and waits for this thread. Every task is resolved (drained), so a resolver
+        # still at work only finishes what it holds.
+        self.resolvers.shutdown(wait=False)
         self.close()
 
     def plan(self) -> list[T]:

@@ -16,17 +16,17 @@ Data flow::
       │ crash isolation, capture, classification) ─── "started" event on this executor's topic
       │                                               ─► IO loop thread: future → RUNNING
       ▼
-    plain outcome (bytes, str, numbers) ─► dask callback thread ─► a fetcher thread: outcome
+    plain outcome (bytes, str, numbers) ─► dask callback thread ─► a resolver thread: outcome
       fetched, result unpickled here or the RemoteError proxy rebuilt from its record ─► future
       (its done-callbacks, e.g. a compile's files installed); the node's slot is free again
 
 Who owns what: the caller's lock guards the heap, ``in_flight`` (key → task), the nodes and the
-counters. A task in flight is resolved by whoever pops it from ``in_flight``: a fetcher thread
+counters. A task in flight is resolved by whoever pops it from ``in_flight``: a resolver thread
 (an outcome), the dispatcher (its node left: :class:`NodeLostError`) or the thread that
 cancelled its future (then the dispatcher kills it on its node). Only the dispatcher thread
 talks to dask in blocking calls (``submit``, ``cancel``, ``run``, ``nthreads``); the client's IO
 loop thread only marks futures running; the dask callback thread only hands finished tasks to
-the fetcher threads, which fetch outcomes and resolve futures (:data:`FETCHERS`).
+the resolver threads, which fetch outcomes and resolve futures (``_cluster_state.RESOLVERS``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._cluster_state import ClusterState, ClusterStatistics, ClusterTask
@@ -52,14 +51,6 @@ a new node gets tasks, at most this much later than the scheduler knows."""
 FETCH_POLL_S = 0.5
 """The callback thread fetches an outcome in steps this long, giving up once the task is
 resolved otherwise (its node died after finishing, before the outcome could be fetched)."""
-
-
-FETCHERS = 4
-"""Outcomes fetched and resolved at once. dask runs every future's done-callback on one thread
-(``distributed.client.Future._cb_executor``), so an outcome fetched there waits for the fetch,
-unpickling and done-callbacks (a compile's files installed) of every outcome that finished before
-it; on the GPU box's fleet benchmark that wait was most of a compile's cost of moving
-(docs/dask.md, "Compile on CPU nodes"). The fetches are IO-bound: a few threads suffice."""
 
 
 class NodeLostError(ClusterNodeLost):
@@ -120,7 +111,6 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
         self.thread = threading.Thread(
             target=self.run, name="precompile-dask-dispatch", daemon=True
         )
-        self.fetchers = ThreadPoolExecutor(FETCHERS, thread_name_prefix="precompile-dask-fetch")
 
     # -- the dispatcher thread -------------------------------------------------------------------
 
@@ -149,7 +139,7 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
             return
         with self.lock:
             task.dask_future = fut
-        fut.add_done_callback(lambda f: self.fetch_later(task, f))
+        fut.add_done_callback(lambda f: self.resolve_later(self.on_dask_done, task, f))
 
     def node_lost(self, node: str, detail: str) -> BaseException:
         return NodeLostError(node, detail)
@@ -219,10 +209,6 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
 
     def close(self) -> None:
         """Undo the constructor's registrations (a closed client has nothing left to undo)."""
-        # Not waited for: a done-callback that shuts its executor down with wait=True runs on a
-        # fetcher and waits for this thread. Every task is resolved (the dispatcher closes once
-        # drained), so a fetcher still in on_dask_done returns within FETCH_POLL_S.
-        self.fetchers.shutdown(wait=False)
         with contextlib.suppress(Exception):
             self.client.unsubscribe_topic(self.topic)
         with contextlib.suppress(Exception):
@@ -242,15 +228,8 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
             task.state = "running"
             task.future.set_running_or_notify_cancel()
 
-    def fetch_later(self, task: Task, fut: Any) -> None:
-        """The dask task finished (dask's callback thread): a fetcher thread takes it."""
-        try:
-            self.fetchers.submit(self.on_dask_done, task, fut)
-        except RuntimeError:  # shut down: the task was resolved otherwise; this finds out
-            self.on_dask_done(task, fut)
-
     def on_dask_done(self, task: Task, fut: Any) -> None:
-        """The dask task finished (a fetcher thread): fetch the outcome, resolve."""
+        """The dask task finished (a resolver thread): fetch the outcome, resolve."""
         outcome: dict[str, Any] | None = None
         error: BaseException | None = None
         try:

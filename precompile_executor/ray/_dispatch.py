@@ -18,17 +18,18 @@ Data flow::
       │ capture, classification) ─── started keys, answered to the long poll actor.starts.remote()
       │                                                ─► dispatcher: future → RUNNING
       ▼
-    plain outcome record (bytes, str, numbers) ─► ObjectRef.future() callback (a Ray thread):
-      the result unpickled here, or the RemoteError proxy rebuilt from its record ─► future;
-      the node's slot is free again
+    plain outcome record (bytes, str, numbers) ─► ObjectRef.future() callback (a Ray thread)
+      ─► a resolver thread: the result unpickled here, or the RemoteError proxy rebuilt from its
+      record ─► future (its done-callbacks); the node's slot is free again
 
 Who owns what: ``State.lock`` guards the heap, ``in_flight`` (key → task), the nodes, the
 dispatcher's inbox and the counters. A task in flight is resolved by whoever pops it from
-``in_flight``: a Ray callback thread (its outcome, or its actor's failure: NodeLostError), the
+``in_flight``: a resolver thread (its outcome, or its actor's failure: NodeLostError), the
 dispatcher (its node left the cluster, or its actor failed: NodeLostError) or the thread that
 cancelled its future (then the dispatcher kills it on its node). Only the dispatcher thread
-places actors and sends calls; Ray's callback threads only resolve tasks and post what they
-learnt to the dispatcher's inbox (``warm_up()`` waits on its own calls in the caller's thread).
+places actors and sends calls; the resolver threads (``_cluster_state.RESOLVERS``), handed each
+outcome by Ray's callback thread, resolve tasks, and they and Ray's callbacks post what they learnt
+of a node to the dispatcher's inbox (``warm_up()`` waits on its own calls in the caller's thread).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
                 self.finish(task, exc=RuntimeError(f"Ray refused the task: {exc!r}"))
             return
         task.ref = ref
-        answer.add_done_callback(lambda f: self.on_outcome(task, f))
+        answer.add_done_callback(lambda f: self.resolve_later(self.on_outcome, task, f))
 
     def poll_starts(self, node: Node) -> None:
         try:
@@ -359,7 +360,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
     # -- other threads ---------------------------------------------------------------------------
 
     def on_outcome(self, task: Task, answer: Future[Any]) -> None:
-        """The node's answer to ``run()`` (a Ray callback thread): resolve the task."""
+        """The node's answer to ``run()`` (a resolver thread): resolve the task."""
         error = answer.exception()
         if error is not None:
             # run() never raises: this is Ray's (the actor died, its node left). Not re-run.
