@@ -129,9 +129,9 @@ RESOLVERS = 4
 futures' done-callbacks on one thread (dask: ``distributed.client.Future._cb_executor``; Ray: the
 thread that completes ``ObjectRef.future()``), so a task resolved there — its outcome fetched and
 unpickled, its future's own done-callbacks run (a compile's files installed in the caller's
-cache, a user's callback) — made every later outcome wait for it: on the GPU box's fleet
-benchmark, the largest part of a compile's cost of moving (docs/dask.md, "Compile on CPU
-nodes"). The work is mostly waiting and writing files: a few threads suffice."""
+cache, a user's callback) — made every later outcome wait for it, on the way back that was the
+largest part of a compile's cost of moving in the GPU box's fleet benchmark (docs/dask.md,
+"Compile on CPU nodes"). The work is mostly waiting and writing files: a few threads suffice."""
 
 
 class ClusterState(Generic[T, N, S]):
