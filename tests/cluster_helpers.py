@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor
@@ -54,6 +55,23 @@ def wait_until(condition: Callable[[], bool]) -> None:
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert condition()
+
+
+def a_slow_done_callback_does_not_hold_back_other_outcomes(make: Make) -> None:
+    """A cluster client runs every done-callback on one thread; the executor resolves finished
+    tasks on resolver threads of its own (``_cluster_state.RESOLVERS``), so one slow callback (a
+    compile's files being installed, a user's callback) does not make every later future wait."""
+    other_done = threading.Event()
+    waited: list[bool] = []
+    with make() as ex:
+        first = ex.submit(time.sleep, 0)
+        first.add_done_callback(lambda _: waited.append(other_done.wait(10)))
+        assert first.result(timeout=WAIT_S) is None
+        second = ex.submit(time.sleep, 0)
+        second.add_done_callback(lambda _: other_done.set())
+        assert second.result(timeout=WAIT_S) is None
+        assert other_done.wait(WAIT_S)
+    assert waited == [True]
 
 
 def fault_fails_alone(

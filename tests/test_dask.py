@@ -104,22 +104,9 @@ def test_wait_for_all_on_ctrl_c_kills_tasks_running_on_nodes(dask_cluster: Any) 
 
 @pytest.mark.timeout(60)
 def test_a_slow_done_callback_does_not_hold_back_other_outcomes(dask_cluster: Any) -> None:
-    # dask runs every done-callback on one thread; outcomes are fetched and resolved on the
-    # executor's own fetcher threads, so one slow callback (a compile's files being installed,
-    # a user's callback) does not make every later future wait behind it.
-    import threading
-
-    other_done = threading.Event()
-    waited: list[bool] = []
-    with DaskPrecompileExecutor(dask_cluster[1]) as ex:
-        first = ex.submit(time.sleep, 0)
-        first.add_done_callback(lambda _: waited.append(other_done.wait(10)))
-        assert first.result(timeout=WAIT_S) is None
-        second = ex.submit(time.sleep, 0)
-        second.add_done_callback(lambda _: other_done.set())
-        assert second.result(timeout=WAIT_S) is None
-        assert other_done.wait(WAIT_S)
-    assert waited == [True]
+    cases.a_slow_done_callback_does_not_hold_back_other_outcomes(
+        functools.partial(DaskPrecompileExecutor, dask_cluster[1])
+    )
 
 
 # -- settings ---------------------------------------------------------------------------------------

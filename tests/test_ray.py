@@ -75,22 +75,7 @@ def test_tasks_reach_both_nodes_and_each_nodes_environment(ray_cluster: Any) -> 
 
 @pytest.mark.timeout(60)
 def test_a_slow_done_callback_does_not_hold_back_other_outcomes(ray_cluster: Any) -> None:
-    # One slow callback (a compile's files being installed, a user's callback) must not make
-    # every later future wait behind it, whichever thread Ray resolves them on.
-    import threading
-    import time
-
-    other_done = threading.Event()
-    waited: list[bool] = []
-    with RayPrecompileExecutor() as ex:
-        first = ex.submit(time.sleep, 0)
-        first.add_done_callback(lambda _: waited.append(other_done.wait(10)))
-        assert first.result(timeout=WAIT_S) is None
-        second = ex.submit(time.sleep, 0)
-        second.add_done_callback(lambda _: other_done.set())
-        assert second.result(timeout=WAIT_S) is None
-        assert other_done.wait(WAIT_S)
-    assert waited == [True]
+    cases.a_slow_done_callback_does_not_hold_back_other_outcomes(RayPrecompileExecutor)
 
 
 # -- the pure decisions ------------------------------------------------------------------------------
