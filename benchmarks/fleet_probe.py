@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         Client(cluster) as client,
         DaskPrecompileExecutor(client, timeout=120) as ex,
     ):
+        addresses = [cluster.scheduler_address, *client.scheduler_info()["workers"]]
         ex.warm_up(timeout=120)
         list(ex.map(time.sleep, [0.05] * NODES * NODE_THREADS))  # every node worker has run one
         probe = DispatchProbe(ex, client)
@@ -135,6 +137,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             "extra_ms_max", *SPLIT, "split_tasks")  # fmt: skip
     return {
         "tree": precompile_executor.__file__,
+        "addresses": addresses,
         "wall_s": round(wall, 3),
         **{k: summary.get(k) for k in keep},
     }
@@ -162,18 +165,19 @@ def run(tree: Path | None, busy: bool, args: argparse.Namespace) -> dict[str, An
     ]
     if busy:
         argv.append("--busy-caller")
-    done = subprocess.run(
-        argv,
-        env=env,
-        cwd=here if tree is None else tree,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S + 60,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # A group of its own: a run past its time takes its cluster's processes with it.
+    proc = subprocess.Popen(argv, env=env, cwd=here if tree is None else tree, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        raise RuntimeError(f"a run took over {RUN_TIMEOUT_S + 60} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def per_task(runs: list[dict[str, Any]], part: str) -> float:
@@ -218,12 +222,17 @@ def main(argv: list[str] | None = None) -> int:
         trees[args.against] = old_tree(args.against)
     callers = (True,) if args.busy_caller else (False, True)
     runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
-    for r in range(args.rounds):
-        for busy in callers:
-            for name, tree in trees.items():
-                row = run(tree, busy, args)
-                runs.setdefault((name, busy), []).append(row)
-                print(f"round {r + 1} {name} busy={busy}: {json.dumps(row)}", file=sys.stderr)
+    try:
+        for r in range(args.rounds):
+            for busy in callers:
+                for name, tree in trees.items():
+                    row = run(tree, busy, args)
+                    runs.setdefault((name, busy), []).append(row)
+                    print(f"round {r + 1} {name} busy={busy}: {json.dumps(row)}", file=sys.stderr)
+    finally:
+        for directory in [args.files, *trees.values()]:
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
     rows = []
     for (name, busy), got in runs.items():
         cost = [g["per_task_cost"] for g in got]
