@@ -39,12 +39,30 @@ import contextvars
 import itertools
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any, Final
 
 OFF: Final[Any] = object()
 """No executor: the integration's autotuner runs stock."""
 
 _ids = itertools.count()
+
+ANY_EXECUTOR = "a concurrent.futures.Executor (a PrecompileExecutor)"
+
+
+def check_executor(
+    executor: Any, kinds: type | tuple[type, ...] = Executor, what: str = ANY_EXECUTOR
+) -> Any:
+    """``executor`` as an integration's ``use()``/``install()`` takes it: ``None`` (its shared
+    default) or an instance of ``kinds``. Anything else raises ``TypeError`` naming ``what`` is
+    taken, before a block opens or anything is patched. A shut-down executor passes: whether it
+    takes tasks is each compile's to find out (an integration reports the refusal)."""
+    if executor is not None and not isinstance(executor, kinds):
+        raise TypeError(
+            f"executor must be {what}, or None for the shared default; got "
+            f"{type(executor).__name__} {executor!r:.80}"
+        )
+    return executor
 
 
 class Block:

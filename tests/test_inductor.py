@@ -433,6 +433,17 @@ def test_another_torch_is_refused_and_nothing_is_patched(
     assert _inductor_originals() == originals
 
 
+@pytest.mark.parametrize("bad", ["pool", 42, PrecompileExecutor])
+def test_use_and_install_refuse_what_is_not_an_executor_and_patch_nothing(bad: Any) -> None:
+    originals = _inductor_originals()
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"), inductor.use(bad):
+        pass
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"):
+        inductor.install(bad)
+    assert not inductor.installed()
+    assert _inductor_originals() == originals
+
+
 def test_a_changed_seam_is_refused_naming_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._inductor.async_compile import AsyncCompile
 

@@ -329,6 +329,38 @@ def test_use_nests_install_is_process_wide_and_both_restore_tritons_methods() ->
     pe_autotune.uninstall()  # not installed: nothing to do
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", ["pool", 42, PrecompileExecutor])
+def test_use_and_install_refuse_what_is_not_an_executor_and_patch_nothing(bad: Any) -> None:
+    stock = {name: vars(Autotuner)[name] for name in ("run", "prune_configs", "_bench")}
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"), pe_autotune.use(bad):
+        pass
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"):
+        pe_autotune.install(bad)
+    assert not pe_autotune.installed()
+    assert {name: vars(Autotuner)[name] for name in stock} == stock
+
+
+@pytest.mark.timeout(60)
+def test_a_shut_down_executor_is_reported_once_and_its_tunes_compile_here(
+    gpu: DryRunGPU, compile_log: CompileLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = PrecompileExecutor(1)
+    closed.shutdown()
+    bench = Bench(gpu, lambda launched: DOUBLE_TIMES_MS[launched["BLOCK"]])
+    kernel = triton.autotune(configs=DOUBLE_CONFIGS[:3], key=["n"], do_bench=bench)(double_jit)
+    other = triton.autotune(configs=DOUBLE_CONFIGS[3:], key=["n"], do_bench=bench)(double_jit)
+    with caplog.at_level(logging.WARNING, logger=LOGGER), pe_autotune.use(closed):
+        kernel[GRID](*_double_args())
+        other[GRID](*_double_args())  # a second tune on the same executor: no second report
+    assert kernel.best_config is DOUBLE_CONFIGS[2] and other.best_config is DOUBLE_CONFIGS[3]
+    assert sorted(compile_log.compiled_blocks) == [64, 128, 256, 512, 1024]  # all here
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warnings) == 1, warnings
+    assert "shut down" in warnings[0] and "PrecompileExecutor" in warnings[0]
+    assert "compiles its configs in this process" in warnings[0]
+
+
 @pytest.mark.timeout(120)
 def test_state_reset_closes_every_holder_stops_the_default_and_forgets_it() -> None:
     stock = dict(vars(Autotuner))

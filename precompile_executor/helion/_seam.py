@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import PrecompileExecutor
 from .._cluster_executor import ClusterExecutor
+from .._scope import check_executor
 from . import _bench_worker, _warm
 from ._errors import UnsupportedHelionError as UnsupportedHelionError  # the seam's API
 from ._state import STATE, Originals
@@ -391,11 +392,11 @@ def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
     """Everything before a holder joins the scope: the head starts, the check, the default
     executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
     patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
-    if executor is not None and not isinstance(executor, PrecompileExecutor | ClusterExecutor):
-        raise TypeError(
-            "executor must be a PrecompileExecutor or a cluster executor (fork mode only), got "
-            f"{type(executor).__name__}"
-        )
+    check_executor(
+        executor,
+        (PrecompileExecutor, ClusterExecutor),
+        "a PrecompileExecutor or a cluster executor (fork mode only)",
+    )
     with STATE.lock:
         STATE.arriving += 1  # a concurrent last exit leaves a spare started here alone
     try:

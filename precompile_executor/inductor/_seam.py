@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._scope import OFF
+from .._scope import OFF, check_executor
 from .._validate import installed_version, release_series
 from . import _compiles, _default
 from ._state import STATE
@@ -284,15 +284,6 @@ STATE.scope.connect(_patch, _restore)
 # -- the public forms ---------------------------------------------------------------------------
 
 
-def _checked(executor: Executor | None) -> Executor | None:
-    if executor is not None and not isinstance(executor, Executor):
-        raise TypeError(
-            f"executor must be a concurrent.futures.Executor (a PrecompileExecutor), got "
-            f"{type(executor).__name__}"
-        )
-    return executor
-
-
 @contextlib.contextmanager
 def use(executor: Executor | None = None) -> Iterator[Executor]:
     """Within the block, Inductor's compiles run as tasks on ``executor``.
@@ -315,8 +306,10 @@ def use(executor: Executor | None = None) -> Iterator[Executor]:
     Raises:
         UnsupportedTorchError: the installed torch is not 2.11 or 2.13, or its Inductor differs;
             nothing was patched.
+        TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``;
+            nothing was opened or patched.
     """
-    block = STATE.scope.enter(_checked(executor))
+    block = STATE.scope.enter(check_executor(executor))
     try:
         yield _default.default_executor() if executor is None else executor
     finally:
@@ -333,8 +326,9 @@ def install(executor: Executor | None = None) -> None:
 
     Raises:
         UnsupportedTorchError: see :func:`use`; nothing was patched.
+        TypeError: see :func:`use`.
     """
-    STATE.scope.install(_checked(executor))
+    STATE.scope.install(check_executor(executor))
     if executor is None:
         _default.default_executor()  # start its warm-up now
 

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor
 from typing import Any
 
-from .._scope import OFF
+from .._scope import OFF, check_executor
 from .._validate import installed_version, release_series
 from . import _autotune_tune as _tune
 from ._errors import UnsupportedTritonError
@@ -230,8 +230,10 @@ def use(executor: Executor | None = None) -> Iterator[None]:
     Raises:
         UnsupportedTritonError: the installed Triton is not 3.6 or 3.9 or its autotuner differs;
             nothing was patched.
+        TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``;
+            nothing was opened or patched.
     """
-    block = STATE.scope.enter(executor)
+    block = STATE.scope.enter(check_executor(executor))
     try:
         if executor is None:
             start_default_warm_up()
@@ -254,8 +256,9 @@ def install(executor: Executor | None = None) -> None:
 
     Raises:
         UnsupportedTritonError: see :func:`use`; nothing was patched.
+        TypeError: see :func:`use`.
     """
-    previous = STATE.scope.install(executor)
+    previous = STATE.scope.install(check_executor(executor))
     if executor is None:
         try:
             start_default_warm_up()

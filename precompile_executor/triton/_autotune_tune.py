@@ -94,6 +94,41 @@ _tuning_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKey
 _tuning_locks_lock = threading.Lock()
 
 
+_refused_by: weakref.WeakSet[Any] = weakref.WeakSet()
+_refused_lock = threading.Lock()
+
+
+def _refusal(error: BaseException | None) -> bool:
+    """Whether a config's send failed because the executor takes no tasks: broken
+    (``BrokenExecutor``) or shut down (the ``RuntimeError`` whose message the stdlib's pools and
+    ours share, ``AFTER_SHUTDOWN``; "… after interpreter shutdown" at exit)."""
+    return isinstance(error, BrokenExecutor) or (
+        isinstance(error, RuntimeError) and "cannot schedule new futures after" in str(error)
+    )
+
+
+def _report_refusal(executor: Any, autotuner: Any, error: BaseException) -> None:
+    """Warn, once per executor, that it refused a tune's compiles: every tune it refuses then
+    compiles in this process, as stock Triton does — correct, but not what ``use(executor)``
+    asked for, so it must not pass unseen (a debug line per config says the rest)."""
+    with _refused_lock:
+        try:
+            if executor in _refused_by:
+                return
+            _refused_by.add(executor)
+        except TypeError:  # not weak-referenceable: report every time rather than never
+            pass
+    logger.warning(
+        "%s: the executor (%s) refused its compiles (%s: %s): Triton compiles its configs in "
+        "this process, and so every tune it refuses. To compile in workers, pass use() or "
+        "install() an executor that is not shut down or broken (None: the shared default).",
+        _name(autotuner),
+        type(executor).__name__,
+        type(error).__name__,
+        error,
+    )
+
+
 def tuning_lock(autotuner: Any) -> threading.RLock:
     """The lock one autotuner's calls take while the seam is on (one per autotuner).
 
@@ -299,6 +334,9 @@ class Tune:
                     compiled += compile_configs(self.autotuner, self._args, kwargs, rest, adapter)
         finally:
             _async_compile.active_mode.reset(token)
+        refused = next((one.error for one in compiled if _refusal(one.error)), None)
+        if refused is not None:
+            _report_refusal(executor, self.autotuner, refused)
         for one in compiled:
             kernel = one.kernel
             future = kernel.future if isinstance(kernel, FutureKernel) else None
