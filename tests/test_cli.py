@@ -136,6 +136,48 @@ def test_warm_compiles_every_config_of_a_file_into_the_cache_dir(tmp_path: Path)
     assert [cell.strip() for cell in row.strip("│ ").split("│")][1:4] == ["3", "0", "3"]
 
 
+@pytest.mark.timeout(240)
+def test_warm_imports_a_file_of_a_package_as_that_package_imports_it(tmp_path: Path) -> None:
+    # kernels.py does `from .sizes import ...`: by path it is still `mylib.ops.kernels`, as
+    # `python -m mylib.ops.kernels` would import it from the package's parent directory.
+    package = tmp_path / "src" / "mylib"
+    (package / "ops").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "sizes.py").write_text("N = 4096\n")
+    relative = _GOOD_MODULE.replace(
+        "from precompile_executor.triton import TensorSpec, launch",
+        "from precompile_executor.triton import TensorSpec, launch\n\nfrom .sizes import N",
+    ).replace("launch(x, x, 4096)", "launch(x, x, N)")
+    module = _write(package / "ops", "kernels.py", relative)
+    cache_dir = tmp_path / "cache"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = _command(
+        "warm", str(module), "--target", "cuda:90", "--jobs", "2", "--cache-dir", str(cache_dir),
+        cwd=elsewhere,
+    )  # fmt: skip
+    assert result.returncode == EXIT_OK, result.stderr
+    assert "double_kernel" in result.stdout
+    assert len(_cache_groups(cache_dir)) == 3
+
+
+@pytest.mark.timeout(30)
+def test_a_package_file_shadowed_by_a_module_already_imported_is_named(tmp_path: Path) -> None:
+    from precompile_executor.triton._discover import SpecsError, load_module
+
+    shadow = tmp_path / "json"  # `json.decoder` is imported in this process already
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")
+    (shadow / "decoder.py").write_text("")
+    saved = list(sys.path)
+    try:
+        with pytest.raises(SpecsError, match=r"is the module json\.decoder, but json\.decoder"):
+            load_module(str(shadow / "decoder.py"))
+    finally:
+        sys.path[:] = saved
+
+
 @pytest.mark.timeout(120)
 def test_warm_exits_1_and_names_an_unexpected_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -37,7 +37,11 @@ class SpecsError(ValueError):
 def load_module(file_or_module: str) -> types.ModuleType:
     """Import a Python file (by path) or a module (by dotted name).
 
-    A file is imported under its stem, with its directory put first on ``sys.path`` as
+    A file of a package (its directory, and each above it up to the package's top, holds an
+    ``__init__.py``) is imported by its dotted name, with the top package's parent directory
+    put first on ``sys.path``, as ``python -m`` from there would: its relative imports work
+    (its own directory follows, so absolute imports of its neighbours work as for a file).
+    Any other file is imported under its stem, with its directory put first on ``sys.path`` as
     ``python FILE`` would, so it can import its neighbours.
 
     Raises:
@@ -47,15 +51,48 @@ def load_module(file_or_module: str) -> types.ModuleType:
     if file_or_module.endswith(".py") or path.exists():
         if not path.is_file():
             raise SpecsError(f"no such file: {file_or_module}")
-        return _load_file(path.resolve())
+        path = path.resolve()
+        found = _in_package(path)
+        if found is None:
+            return _load_file(path)
+        dotted, root = found
+        for directory in (str(path.parent), root):  # then `import neighbour` works too
+            if directory not in sys.path:
+                sys.path.insert(0, directory)
+        module = _import(dotted, shown=str(path))
+        if Path(getattr(module, "__file__", "") or "").resolve() != path:
+            raise SpecsError(
+                f"{path} is the module {dotted}, but {dotted} comes from {module.__file__} in "
+                f"this process: warm that module by name, or this file from another directory"
+            )
+        return module
+    return _import(file_or_module, shown=file_or_module)
+
+
+def _import(name: str, shown: str) -> types.ModuleType:
     try:
-        return importlib.import_module(file_or_module)
+        return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name and file_or_module.startswith(exc.name):
-            raise SpecsError(f"no such file or module: {file_or_module}") from None
-        raise SpecsError(f"importing {file_or_module} failed: {exc}") from exc
+        if exc.name and name.startswith(exc.name):
+            raise SpecsError(f"no such file or module: {shown}") from None
+        raise SpecsError(f"importing {shown} failed: {exc}") from exc
     except Exception as exc:
-        raise SpecsError(f"importing {file_or_module} failed: {type(exc).__name__}: {exc}") from exc
+        raise SpecsError(f"importing {shown} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _in_package(path: Path) -> tuple[str, str] | None:
+    """``path``'s module name within its package and the directory that holds the package's
+    top (``None``: not in a package, or a name on the way up is not an identifier)."""
+    parts = [] if path.stem == "__init__" else [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    if len(parts) < 2 and path.stem != "__init__":
+        return None  # a file beside no __init__.py: imported as a file
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts), str(directory)
 
 
 def _load_file(path: Path) -> types.ModuleType:
