@@ -136,6 +136,20 @@ def test_bad_settings_fail_at_construction(
 
 
 @pytest.mark.timeout(60)
+def test_what_is_not_a_connected_client_is_refused_saying_what_to_pass(dask_cluster: Any) -> None:
+    from distributed import Client
+
+    cluster, _, _ = dask_cluster
+    for not_a_client in (None, cluster.scheduler_address):
+        with pytest.raises(TypeError, match=r"a distributed\.Client.*Client\('tcp://"):
+            DaskPrecompileExecutor(not_a_client)
+    closed = Client(cluster.scheduler_address, timeout=WAIT_S)
+    closed.close()
+    with pytest.raises(ValueError, match="client is closed.*connected"):
+        DaskPrecompileExecutor(closed)
+
+
+@pytest.mark.timeout(60)
 def test_the_constructors_memory_limit_is_enforced_on_the_nodes(dask_cluster: Any) -> None:
     _, client, _ = dask_cluster
     limit = crashers.MEMORY_LIMIT_BYTES

@@ -58,7 +58,9 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
 
     Raises:
         WorkerStartError: a dask worker is daemonic (it could not start the node pool).
-        ValueError, TypeError: a setting is out of range or of the wrong type.
+        TypeError: ``client`` is not a synchronous ``distributed.Client`` (a scheduler's
+            address, say), or a setting is of the wrong type.
+        ValueError: ``client`` is closed, or a setting is out of range.
     """
 
     WHERE = "a dask cluster"
@@ -76,6 +78,7 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         memory_limit: int | None = None,
         require_same_triton: bool = True,
     ) -> None:
+        _check_client(client)
         options, settings = self.node_settings(
             timeout, initializer, initargs, classify, max_workers_per_node, memory_limit
         )
@@ -93,3 +96,21 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         state.refresh()
         state.thread.start()
         super().__init__(state, options)
+
+
+def _check_client(client: Any) -> None:
+    """Refuse what the executor cannot use as its client, saying what to pass instead."""
+    from distributed import Client
+
+    if not isinstance(client, Client):
+        raise TypeError(
+            "client must be a distributed.Client connected to the cluster, e.g. "
+            f"Client('tcp://scheduler:8786'); got {type(client).__name__} {client!r:.80}"
+        )
+    if client.asynchronous:
+        raise TypeError("client must be a synchronous distributed.Client (asynchronous=False)")
+    if client.status != "running":
+        raise ValueError(
+            f"the dask client is closed (status {client.status!r}): pass a connected "
+            "distributed.Client"
+        )
