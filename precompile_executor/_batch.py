@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from ._base import kill_running_futures
 from ._errors import Classification, RemoteError, TaskTimeoutError
 from ._scheduler import classification
+from ._validate import short_repr
 
 log = logging.getLogger("precompile_executor")
 
@@ -72,10 +73,20 @@ def wait_for_all(
         description: the progress bar's label.
         timeout: seconds to wait in total; on expiry the rest are cancelled and killed and
             ``TimeoutError`` is raised.
+
+    Raises:
+        TypeError: an item of ``futures`` is not a ``concurrent.futures.Future`` (checked
+            before any waiting: nothing is cancelled).
     """
     import time
 
     futures = list(futures)
+    stranger = next((f for f in futures if not isinstance(f, Future)), None)
+    if stranger is not None:
+        raise TypeError(
+            "wait_for_all takes concurrent.futures.Future objects (what an executor's submit() "
+            f"returns); got {type(stranger).__name__} {short_repr(stranger)}"
+        )
     end = None if timeout is None else time.monotonic() + timeout
     show = sys.stderr.isatty() if progress is None else progress
     display = _Progress(futures, description) if show else None

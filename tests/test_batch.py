@@ -82,6 +82,15 @@ def test_wait_for_all_with_progress_display(capsys: pytest.CaptureFixture[str]) 
     assert "ok 4" in err and "failed 1" in err
 
 
+@pytest.mark.timeout(60)
+def test_wait_for_all_refuses_what_is_not_a_future_and_cancels_nothing() -> None:
+    with PrecompileExecutor(1) as executor:
+        future = executor.submit(crashers.square, 5)
+        with pytest.raises(TypeError, match=r"concurrent\.futures\.Future.*got int 7"):
+            wait_for_all([future, 7], progress=False)
+        assert future.result(timeout=60) == 25  # left to run: the call was refused up front
+
+
 def test_wait_for_all_timeout_cancels_and_kills() -> None:
     with PrecompileExecutor(1) as executor:
         executor.warm_up(timeout=60)
