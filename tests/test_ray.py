@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,32 @@ def test_a_slow_done_callback_does_not_hold_back_other_outcomes(ray_cluster: Any
 
 
 # -- the pure decisions ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_an_address_nothing_listens_on_is_refused_at_once_without_starting_ray() -> None:
+    # Ray's own `ray.init(address=...)` retries an unreachable GCS for minutes.
+    with socket.socket() as probe:  # a loopback port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = (
+        "import time; from precompile_executor.ray import RayPrecompileExecutor\n"
+        "start = time.monotonic()\n"
+        "try:\n"
+        f"    RayPrecompileExecutor(address='127.0.0.1:{port}')\n"
+        "except ConnectionError as exc:\n"
+        "    print(round(time.monotonic() - start, 1), exc)\n"
+        "import ray; print('initialized', ray.is_initialized())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    took, message = done.stdout.split(" ", 1)
+    assert float(took) < 30, done.stdout
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in message
+    assert "ray start --head" in message
+    assert "initialized False" in done.stdout
 
 
 @pytest.mark.timeout(10)

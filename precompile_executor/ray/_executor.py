@@ -10,6 +10,7 @@ the dispatcher thread, node placement and who owns what are in :mod:`._dispatch`
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -66,6 +67,8 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
 
     Raises:
         ValueError, TypeError: a setting is out of range or of the wrong type.
+        ConnectionError: nothing accepts a connection at ``address`` within
+            :data:`CONNECT_TIMEOUT_S` (``ray.init`` itself would retry it for minutes).
     """
 
     WHERE = "a Ray cluster"
@@ -93,6 +96,8 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
         node_filter = check_resources(resources)
         triton = self.triton_check(require_same_triton)
         if not ray.is_initialized():
+            if address is not None:
+                check_reachable(address)
             ray.init(address=address)
         state = State(settings, max_workers_per_node, devices, node_filter, triton)
         state.thread.start()
@@ -103,3 +108,27 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
         """``options(resources=...)``: the task goes only to nodes whose Ray resources cover
         these amounts (``{"GPU": 1}``: a GPU node); a filter, nothing is reserved."""
         return check_resources(value)
+
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long :func:`check_reachable` tries to open a connection to a cluster's address."""
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise ``ConnectionError`` unless something accepts a TCP connection at ``address``
+    (``host:port`` or ``ray://host:port``; ``"auto"``, ``"local"`` and other forms pass).
+
+    ``ray.init(address=...)`` retries an address nobody listens on for minutes, logging as it
+    goes; this asks once, within ``timeout_s``, and says what to do.
+    """
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {address} ({exc}): start its head there "
+            "(`ray start --head`), or pass address=None to join the cluster ray.init() finds "
+            "or start a local one"
+        ) from exc
