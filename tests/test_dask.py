@@ -8,6 +8,7 @@ The cluster (``dask_cluster`` in ``conftest.py``) is a ``SpecCluster`` of two da
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import time
@@ -147,6 +148,23 @@ def test_what_is_not_a_connected_client_is_refused_saying_what_to_pass(dask_clus
     closed.close()
     with pytest.raises(ValueError, match="client is closed.*connected"):
         DaskPrecompileExecutor(closed)
+
+
+@pytest.mark.timeout(60)
+def test_workers_naming_no_present_node_is_warned_of_and_a_present_one_is_not(
+    dask_cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, client, _ = dask_cluster
+    present = sorted(client.nthreads())[0]
+    with caplog.at_level(logging.WARNING, logger="precompile_executor.dask"):
+        with DaskPrecompileExecutor(client, workers=["tcp://127.0.0.1:9"]):
+            pass
+        with DaskPrecompileExecutor(client, workers=[present, "tcp://127.0.0.1:9"]) as executor:
+            assert executor.submit(abs, -2).result(timeout=WAIT_S) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.name == "precompile_executor.dask"]
+    assert len(warnings) == 1, warnings
+    assert "tcp://127.0.0.1:9" in warnings[0] and present in warnings[0]
+    assert "wait until one of them joins" in warnings[0]
 
 
 @pytest.mark.timeout(60)

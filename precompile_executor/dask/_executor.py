@@ -10,6 +10,7 @@ the layer's ``Backend``); the node side is in :mod:`._plugin` and :mod:`._node`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +22,8 @@ from ._dispatch import DaskExecutorStatistics, NodeLostError, State
 from ._plugin import NodeCleanupPlugin, NodePlugin
 
 __all__ = ["DaskExecutorStatistics", "DaskPrecompileExecutor", "NodeLostError"]
+
+log = logging.getLogger("precompile_executor.dask")
 
 
 class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
@@ -39,6 +42,7 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         client: a connected synchronous ``distributed.Client``. Its workers must run with
             ``distributed.worker.daemon: False``.
         workers: use only these dask worker addresses (default: every worker, joiners included).
+            Tasks wait while none of them is in the cluster; a warning says so at construction.
         require_same_triton: a node whose Triton version differs from this process's (or that
             has Triton where this process has none, or the reverse) is refused when it joins: it
             gets no tasks, a warning is logged, ``refused_nodes()`` says why and
@@ -94,6 +98,8 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         client.register_plugin(NodeCleanupPlugin(), name=NodeCleanupPlugin.name)
         client.register_plugin(NodePlugin(name, settings, max_workers_per_node, triton), name=name)
         state.refresh()
+        if workers is not None:
+            _warn_if_none_present(list(workers), sorted(client.nthreads()))
         state.thread.start()
         super().__init__(state, options)
 
@@ -113,4 +119,16 @@ def _check_client(client: Any) -> None:
         raise ValueError(
             f"the dask client is closed (status {client.status!r}): pass a connected "
             "distributed.Client"
+        )
+
+
+def _warn_if_none_present(named: list[str], present: list[str]) -> None:
+    """``workers=`` naming no worker of the cluster: its tasks wait for one to join (as on an
+    empty cluster that will scale up), which a mistyped address would make a silent wait."""
+    if not set(named) & set(present):
+        log.warning(
+            "none of the dask workers named in workers= (%s) is in the cluster (present: %s): "
+            "tasks wait until one of them joins",
+            ", ".join(named) or "none",
+            ", ".join(present) or "none",
         )
