@@ -517,6 +517,20 @@ def test_tensor_spec_mirrors_what_specialisation_reads() -> None:
         TensorSpec("float17", (2,))
     with pytest.raises(ValueError, match="strides"):
         TensorSpec("fp32", (2, 2), (1,))
+    for shape in ("16", 16, (2.5, 4), (-1, 4)):  # "16" is not (1, 6), nor 2.5 a size
+        with pytest.raises((TypeError, ValueError), match="shape must be a sequence of sizes"):
+            TensorSpec("fp32", shape)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", ["pool", 42])
+def test_warm_and_the_adapter_refuse_what_is_not_an_executor_or_a_mapping(bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"):
+        async_compile_executor(bad)
+    with pytest.raises(TypeError, match=r"concurrent\.futures\.Executor"):
+        warm({}, target=TARGET, executor=bad)
+    with pytest.raises(TypeError, match=r"specs must be a mapping of kernel to launches"):
+        warm([bad], target=TARGET)  # type: ignore[arg-type]
 
 
 # -- classify -----------------------------------------------------------------------------------

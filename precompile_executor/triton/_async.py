@@ -31,6 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from .._scope import check_executor
 from ._errors import UnsupportedTritonError
 from ._submit import CompileJob, default_executor, submit_compile
 
@@ -56,8 +57,11 @@ class TritonCompileExecutor(Executor):
             executor: any ``concurrent.futures.Executor``; processes give isolation, threads work
                 too (they compile straight into this process's cache).
             force: compile even when this process's cache already has the result.
+
+        Raises:
+            TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``.
         """
-        self.executor = executor if executor is not None else default_executor()
+        self.executor = default_executor() if executor is None else check_executor(executor)
         self._force = force
         self._jobs: list[CompileJob] = []
         self._lock = threading.Lock()

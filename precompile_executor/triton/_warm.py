@@ -21,6 +21,7 @@ fills the JIT's in-memory kernel cache.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,13 +39,24 @@ from ._async import TritonCompileExecutor
 from ._classify import Classification, classify
 from ._driver import compile_only_driver, forget_device
 from ._kernel_ref import unwrap_jit_function
-from ._submit import CompileJob, default_executor
+from ._submit import CompileJob
 from ._target import format_target, parse_target
 
 WARMUP_GRID = (1,)
 """The grid passed to ``warmup``: ignored (nothing is launched) but required by Triton."""
 
 Status = Literal["ok", "cached", "failed", "timed out"]
+
+
+def _ints(what: str, values: Any) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (a ``torch.Size`` is one); a string, a lone number or a
+    float among them raises ``TypeError`` saying ``what``."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise TypeError(f"{what}, got {values!r}")
+    found = tuple(values)
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in found):
+        raise TypeError(f"{what}, got {values!r}")
+    return tuple(int(v) for v in found)
 
 
 class TensorSpec:
@@ -71,7 +83,9 @@ class TensorSpec:
         aligned: bool = True,
     ) -> None:
         self.dtype = _triton_dtype(dtype)
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = _ints("shape must be a sequence of sizes (ints >= 0)", shape)
+        if any(size < 0 for size in self.shape):
+            raise ValueError(f"shape must be a sequence of sizes (ints >= 0), got {shape!r}")
         if strides is None:
             contiguous = [1] * len(self.shape)
             for i in range(len(self.shape) - 2, -1, -1):
@@ -79,7 +93,7 @@ class TensorSpec:
             strides = contiguous
         if len(strides) != len(self.shape):
             raise ValueError(f"{len(strides)} strides given for a {len(self.shape)}-d shape")
-        self.strides = tuple(int(s) for s in strides)
+        self.strides = _ints("strides must be a sequence of ints", strides)
         self.aligned = aligned
 
     @property
@@ -223,10 +237,16 @@ def warm(
 
     Returns:
         A :class:`WarmReport`; failures are reported there, not raised.
+
+    Raises:
+        TypeError: ``specs`` is not a mapping, or ``executor`` not an executor.
     """
-    adapter = TritonCompileExecutor(
-        executor if executor is not None else default_executor(), force=force
-    )
+    if not isinstance(specs, Mapping):
+        raise TypeError(
+            "specs must be a mapping of kernel to launches, {kernel: [launch(...), ...]}; got "
+            f"{type(specs).__name__}"
+        )
+    adapter = TritonCompileExecutor(executor, force=force)
     explicit = parse_target(target) if target is not None else None
     emit = on_result or (lambda result: None)
     done: list[tuple[int, ConfigResult]] = []
