@@ -430,8 +430,8 @@ def run_once(
         A :class:`RunOnce` task, whose result is a :class:`RunReport`.
 
     Raises:
-        TypeError: no ``grid`` was given for a Triton kernel, or ``kernel`` is neither a Triton
-            kernel nor callable.
+        TypeError: no ``grid`` was given for a Triton kernel, a ``grid`` for a function, or
+            ``kernel`` is neither a Triton kernel nor callable.
         precompile_executor.triton.KernelTransferError: the kernel cannot be sent to a worker.
     """
     name = getattr(kernel, "__name__", None) or type(kernel).__name__
@@ -446,6 +446,11 @@ def run_once(
         name = jit.__name__
         payload: Any = kernel_ref(jit)
     elif callable(kernel):
+        if grid is not None:
+            raise TypeError(
+                f"grid= launches a Triton kernel; {name} is a function: call "
+                f"run_once({name}, args) without grid, and it is called as {name}(*args)"
+            )
         payload = kernel
     else:
         raise TypeError(f"kernel must be a Triton kernel or a callable, got {kernel!r}")

@@ -294,6 +294,8 @@ def test_run_once_validates_its_arguments() -> None:
         run_once(add_kernel, (1, 2))
     with pytest.raises(TypeError, match="callable"):
         run_once(42, (1, 2))
+    with pytest.raises(TypeError, match=r"grid= launches a Triton kernel; _axpy is a function"):
+        run_once(_axpy, (1, 2), grid=(1,))  # it would fail on the worker, not here
     with pytest.raises(TypeError, match="sequence"):
         run_once(_axpy, 5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="sequence"):
