@@ -102,6 +102,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from .dask_bench import busy_caller
     from .fleet_bench import DispatchProbe
 
+    if args.resolvers is not None:  # before the executor: its state reads it when built
+        from precompile_executor import _cluster_state
+
+        _cluster_state.RESOLVERS = int(args.resolvers)
     cache = tempfile.mkdtemp(prefix="fleet-probe-cache-")
     with (
         dask.config.set({"distributed.worker.daemon": False}),
@@ -143,8 +147,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run(tree: Path | None, busy: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """One run in a fresh process, ``precompile_executor`` from ``tree`` (else this one's)."""
+def run(
+    tree: Path | None, resolvers: int | None, busy: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One run in a fresh process, ``precompile_executor`` from ``tree`` (else this one's),
+    with ``resolvers`` resolver threads (else the tree's own number)."""
     here = Path(__file__).resolve().parent.parent
     env = dict(os.environ)
     if tree is not None:  # ``-m`` puts the working directory first: the old package wins
@@ -165,6 +172,8 @@ def run(tree: Path | None, busy: bool, args: argparse.Namespace) -> dict[str, An
     ]
     if busy:
         argv.append("--busy-caller")
+    if resolvers is not None:
+        argv += ["--resolvers", str(resolvers)]
     # A group of its own: a run past its time takes its cluster's processes with it.
     proc = subprocess.Popen(argv, env=env, cwd=here if tree is None else tree, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -205,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="times each recorded compile")
     parser.add_argument("--against", metavar="REV", help="a commit to interleave with this tree")
     parser.add_argument("--busy-caller", action="store_true", help="only the busy caller")
+    parser.add_argument(
+        "--resolvers",
+        metavar="N,…",
+        help="compare these numbers of resolver threads (_cluster_state.RESOLVERS) in this tree",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--files", help=argparse.SUPPRESS)
     parser.add_argument("--copies", type=int, default=1, help=argparse.SUPPRESS)
@@ -217,20 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     args.files = tempfile.mkdtemp(prefix="fleet-probe-files-")
     size = real_files(args.files)
     args.copies = max(1, round(OUTCOME_BYTES / size))
-    trees: dict[str, Path | None] = {"this tree": None}
+    trees: dict[str, tuple[Path | None, int | None]] = {"this tree": (None, None)}
+    for n in (int(v) for v in (args.resolvers or "").split(",") if v):
+        trees[f"this tree, {n} resolver{'s' if n > 1 else ''}"] = (None, n)
     if args.against:
-        trees[args.against] = old_tree(args.against)
+        trees[args.against] = (old_tree(args.against), None)
     callers = (True,) if args.busy_caller else (False, True)
     runs: dict[tuple[str, bool], list[dict[str, Any]]] = {}
     try:
         for r in range(args.rounds):
             for busy in callers:
-                for name, tree in trees.items():
-                    row = run(tree, busy, args)
+                for name, (tree, resolvers) in trees.items():
+                    row = run(tree, resolvers, busy, args)
                     runs.setdefault((name, busy), []).append(row)
                     print(f"round {r + 1} {name} busy={busy}: {json.dumps(row)}", file=sys.stderr)
     finally:
-        for directory in [args.files, *trees.values()]:
+        for directory in [args.files, *(tree for tree, _ in trees.values())]:
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
     rows = []
