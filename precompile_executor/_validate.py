@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -23,9 +24,12 @@ def check_timeout(value: object, name: str = "timeout") -> float | None:
 
 
 def check_priority(value: object) -> float:
-    """A priority: any number (higher starts first)."""
+    """A priority: any number but NaN (higher starts first; a NaN compares false with every
+    priority, so the queue's heap would no longer order the tasks around it)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"priority must be a number, got {value!r}")
+    if math.isnan(value):
+        raise ValueError("priority must be a number, not NaN")
     return float(value)
 
 

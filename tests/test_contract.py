@@ -409,6 +409,8 @@ def test_bad_submit_input(make: Make) -> None:
             executor.submit(42)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="path"):
             executor.options(path="nope")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="priority must be a number, not NaN"):
+            executor.options(priority=float("nan"))  # it would unorder the queue's heap
         lock = threading.Lock()
         future = executor.submit(lambda l: 1, lock)
         error = future.exception(timeout=30)
