@@ -55,6 +55,12 @@ FRAME_WAIT_MS = 2
 the reader drains the socket, so the bytes come within microseconds; a sender that stalls
 longer (descheduled on a loaded machine) is waited for with the GIL released."""
 
+LONGEST_WAIT_S = 3600.0
+"""The longest the monitor waits in one round: a task's deadline or an idle worker's expiry
+years away would overflow the poll's timeout (epoll takes an int of milliseconds, ~24.8 days);
+it wakes, finds nothing due, and waits again (``test_contract.py``,
+``test_a_timeout_of_years_runs_its_task_and_the_monitor_keeps_its_round``)."""
+
 _SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
 _BIG_SIZE = struct.Struct("!Q")  # after a size of -1: frames over 2 GiB
 
@@ -187,6 +193,8 @@ class Monitor:
                 live.update(dict.fromkeys(self.unknown))
             to_close, self._to_close = self._to_close, []
             timeout = handler.next_timer()
+        if timeout is not None:  # a deadline years away: wake sooner and look again
+            timeout = min(timeout, LONGEST_WAIT_S)
         due = None if timeout is None else time.monotonic() + timeout
         if live.keys() != watched.keys():  # most rounds: the same sockets as the last one
             self._resync(selector, watched, live)

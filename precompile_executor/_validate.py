@@ -13,11 +13,16 @@ import cloudpickle
 
 
 def check_timeout(value: object, name: str = "timeout") -> float | None:
-    """A timeout in seconds (> 0) or ``None``."""
+    """A timeout in seconds (finite, > 0) or ``None`` (no limit; an infinite one is refused
+    rather than read as ``None``, so a NaN or inf computed by mistake does not pass unseen)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{name} must be a finite number of seconds (None for no limit), got {value!r}"
+        )
     if not value > 0:
         raise ValueError(f"{name} must be > 0 seconds (or None for no limit), got {value!r}")
     return float(value)

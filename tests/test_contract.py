@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import itertools
+import logging
 import os
 import sys
 import threading
@@ -391,6 +392,8 @@ def test_priority_orders_queued_tasks(make: Make) -> None:
         ({"max_workers": True}, TypeError, "max_workers"),
         ({"timeout": 0}, ValueError, "timeout must be > 0"),
         ({"timeout": "5"}, TypeError, "timeout must be a number"),
+        ({"timeout": float("inf")}, ValueError, "timeout must be a finite.*None for no limit"),
+        ({"idle_timeout": float("nan")}, ValueError, "idle_timeout must be a finite"),
         ({"path": "thread"}, ValueError, "path must be one of"),
         ({"initializer": 3}, TypeError, "initializer must be callable"),
         ({"initargs": [1]}, TypeError, "initargs must be a tuple"),
@@ -401,6 +404,20 @@ def test_priority_orders_queued_tasks(make: Make) -> None:
 def test_bad_settings_fail_at_construction(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         PrecompileExecutor(**kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_of_years_runs_its_task_and_the_monitor_keeps_its_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The monitor waits until the next deadline: ~31 years does not fit epoll's milliseconds.
+    with (
+        caplog.at_level(logging.ERROR, logger="precompile_executor"),
+        PrecompileExecutor(1, timeout=1e9) as executor,
+    ):
+        assert executor.submit(crashers.square, 5).result(timeout=30) == 25
+        assert executor.options(timeout=1e12).submit(crashers.square, 6).result(timeout=30) == 36
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_bad_submit_input(make: Make) -> None:
