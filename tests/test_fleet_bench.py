@@ -11,16 +11,12 @@ tag every process of the run inherits (``benchmarks._common.RUN_TAG_ENV``).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
+from bench_helpers import run_tagged
 
-REPO = Path(__file__).resolve().parent.parent
 SMOKE_TIMEOUT_S = 150
 
 
@@ -29,32 +25,16 @@ SMOKE_TIMEOUT_S = 150
 def test_cpu_smoke_runs_on_loopback_and_leaves_no_process(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     pytest.importorskip("triton")
-    from benchmarks._common import RUN_TAG_ENV, describe, tagged_processes
-
-    tag = uuid.uuid4().hex
     out = tmp_path / "fleet"
-    env = dict(os.environ, **{RUN_TAG_ENV: tag})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fleet_bench", "--cpu-smoke", "--out-dir", str(out)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    # SIGTERM past its time: the benchmark tears its cluster down on it.
+    code, output, _, left = run_tagged(
+        ["benchmarks.fleet_bench", "--cpu-smoke", "--out-dir", str(out)],
+        SMOKE_TIMEOUT_S,
+        stop=signal.SIGTERM,
+        merge=True,
     )
-    try:
-        output, _ = proc.communicate(timeout=SMOKE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)  # the benchmark tears its cluster down on SIGTERM
-        output, _ = proc.communicate(timeout=30)
-        pytest.fail(f"the smoke run took over {SMOKE_TIMEOUT_S} s:\n{output[-4000:]}")
-    left = [describe(p) for p in tagged_processes(tag)]
-    for p in tagged_processes(tag):  # never leave them to the next test
-        p.kill()
     assert left == []
-    assert proc.returncode == 0, output[-4000:]
+    assert code == 0, output[-4000:]
 
     info = json.loads((out / "fleet-info.json").read_text())
     for seen in (info["cluster"], info["cluster_after"]):

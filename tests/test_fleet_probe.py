@@ -9,16 +9,10 @@ reported, and no process left (the tag every process of the run inherits).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 
 import pytest
+from bench_helpers import run_tagged
 
-REPO = Path(__file__).resolve().parent.parent
 QUICK_TIMEOUT_S = 240
 
 
@@ -27,31 +21,9 @@ QUICK_TIMEOUT_S = 240
 def test_quick_run_splits_every_task_on_loopback_and_leaves_no_process() -> None:
     pytest.importorskip("distributed")
     pytest.importorskip("triton")
-    from benchmarks._common import RUN_TAG_ENV, describe, tagged_processes
-
-    tag = uuid.uuid4().hex
-    env = dict(os.environ, **{RUN_TAG_ENV: tag})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.fleet_probe", "--quick"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, errors = proc.communicate(timeout=QUICK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, errors = proc.communicate(timeout=30)
-        pytest.fail(f"the quick run took over {QUICK_TIMEOUT_S} s:\n{errors[-4000:]}")
-    left = [describe(p) for p in tagged_processes(tag)]
-    for p in tagged_processes(tag):  # never leave them to the next test
-        p.kill()
+    code, output, errors, left = run_tagged(["benchmarks.fleet_probe", "--quick"], QUICK_TIMEOUT_S)
     assert left == []
-    assert proc.returncode == 0, errors[-4000:]
+    assert code == 0, errors[-4000:]
 
     runs = [json.loads(line.split(": ", 1)[1]) for line in errors.splitlines()
             if line.startswith("round ")]  # fmt: skip
