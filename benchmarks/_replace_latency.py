@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import precompile_executor as pe
-from precompile_executor import _hub, _launcher, _process, _reaper
+from precompile_executor import _process, _processes
 
 from . import _tasks
 from ._common import median
@@ -76,16 +76,16 @@ def instrument() -> None:
             _events.append(("group signalled", time.monotonic()))
 
     _process.descendants = stamped_descendants
-    _wrap(_hub.Hub, "eof", lambda conn: "eof")
-    _wrap(_launcher.Launcher, "_ask_fork", lambda template, workers: "fork asked")
+    _wrap(_processes.Hub, "eof", lambda conn: "eof")
+    _wrap(_processes.Launcher, "_ask_fork", lambda template, workers: "fork asked")
 
     def message_label(conn: Any, message: Any) -> str | None:
         name = type(message).__name__
         return name.lower() if name in _TEMPLATE_MESSAGES else None
 
-    _wrap(_hub.Hub, "dispatch", message_label)
+    _wrap(_processes.Hub, "dispatch", message_label)
     _wrap(
-        _reaper.Reaper,
+        _processes.Reaper,
         "reap",
         lambda worker, task: None if task is None else "crash reported",
         after=True,

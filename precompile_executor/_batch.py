@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ._base import kill_running_futures
 from ._errors import Classification, RemoteError, TaskTimeoutError
-from ._scheduler import classification
+from ._scheduling import classification
 from ._validate import short_repr
 
 log = logging.getLogger("precompile_executor")

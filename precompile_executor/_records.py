@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from ._errors import Classification, TaskTimeoutError, WorkerCrashedError
 
 if TYPE_CHECKING:
-    from ._state import Task
+    from ._processes import Task
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """Idle workers stay warm this long: an autotuner benchmarks for minutes between compile

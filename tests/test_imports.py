@@ -61,7 +61,7 @@ def imported_modules(name: str, source: str, known: Iterable[str]) -> set[str]:
 
 def declared_layers(text: str) -> list[list[str]]:
     """The first cell of each row of the "## Modules" table: the names of one layer, top first
-    (``_scheduler.py``, ``triton/``, ``__init__.py``)."""
+    (``_scheduling.py``, ``triton/``, ``__init__.py``)."""
     section = text.split("\n## Modules", 1)[1].split("\n## ", 1)[0]
     layers = []
     for line in section.splitlines():

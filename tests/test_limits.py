@@ -310,7 +310,7 @@ def test_no_thread_is_started_while_the_hubs_lock_is_held(monkeypatch: pytest.Mo
     watcher, the jobs that read a watched task's pages, job and settle threads — only with the
     lock released: checked here over the memory guard's three ways in (a task started on a
     worker, on the fork path, and a scheduler waiting for memory) and over kills and starts."""
-    from precompile_executor._hub import current_hub
+    from precompile_executor._processes import current_hub
 
     violations: list[str] = []
     original = threading.Thread.start

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from precompile_executor import PrecompileExecutor
-from precompile_executor._scheduler import user_callbacks
+from precompile_executor._scheduling import user_callbacks
 from precompile_executor._stdlib import done_callbacks
 
 pytestmark = pytest.mark.timeout(120)
