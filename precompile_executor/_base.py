@@ -53,7 +53,7 @@ from concurrent.futures import wait as futures_wait
 from typing import Any, ClassVar, Generic, Literal, Protocol, Self, TypeVar
 
 from ._errors import AFTER_SHUTDOWN, SerializationError
-from ._scheduling import own_callback
+from ._stdlib import own_callback
 from ._validate import (
     check_buffersize,
     check_chunksize,

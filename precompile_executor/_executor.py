@@ -71,7 +71,8 @@ from ._costs import shared_model as _shared_model
 from ._errors import Classification
 from ._processes import Task, current_hub, get_hub
 from ._records import DEFAULT_IDLE_TIMEOUT_S, ExecutorStatistics, Settings, TaskTimeline
-from ._scheduling import Scheduler, own_callback
+from ._scheduling import Scheduler
+from ._stdlib import own_callback
 from ._validate import (
     check_count,
     check_flag,

@@ -46,30 +46,25 @@ future updates happen after it is released.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import itertools
-import secrets
-import threading
-import time
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
-
-if TYPE_CHECKING:
-    from ._costs import CostKey, CostModel
-    from ._worker import Call
-import contextlib
 import logging
 import os
+import secrets
 import selectors
 import shutil
 import socket
 import struct
 import tempfile
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from loky.backend import get_context
 
@@ -105,6 +100,10 @@ from ._wire import (
     write_now,
 )
 from ._worker import Startup, read_capture_file, serve_interpreter
+
+if TYPE_CHECKING:
+    from ._costs import CostKey, CostModel
+    from ._worker import Call
 
 
 # Tasks and worker handles: explicit states, guarded transitions, and the actions they lead to.
@@ -1558,7 +1557,8 @@ class Hub:
         worker's socket before its result is decoded and its future set, so the worker runs
         meanwhile; on the monitor, they wait for the end of its round (:meth:`Monitor.later`)
         (docs/design.md, "Per-task overhead")."""
-        self.memory.start_pending()
+        if self.memory.pending:
+            self.memory.start_pending()
         wake = False
         settles: list[Settle] = []
         for action in actions:
@@ -1652,7 +1652,8 @@ class Hub:
                 self.memory.watch(task, pid, task.memory_limit, fork_anon=anon_at_fork)
             self.roster.workers.add(worker)
             self.roster.conns[conn] = worker
-        self.memory.start_pending()
+        if self.memory.pending:
+            self.memory.start_pending()
         log.debug("task %d on the fork path, child pid %d", task.id, pid)
         self.wake()
 
@@ -1746,7 +1747,8 @@ class Hub:
                     self.memory.watch(task, worker.pid, task.memory_limit)
                 if task.kill_order is not None and worker is not None:
                     doomed = worker.pid  # killed while it waited ahead (Scheduler.kill)
-        self.memory.start_pending()
+        if self.memory.pending:
+            self.memory.start_pending()
         if doomed:
             self.submit_job(_process.kill_group, doomed, 0.0)
 

@@ -33,19 +33,20 @@ its cost model; the settle that leaves the executor idle writes the history file
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 import cloudpickle
 
-from . import _policy, _stdlib
+from . import _errors, _policy, _stdlib
 from ._costs import CostModel, shared_model
 from ._errors import (
     AFTER_SHUTDOWN,
@@ -57,75 +58,34 @@ from ._errors import (
     proxy_from_record,
     unpickle_error,
 )
-from ._processes import Action, Fork, KillOrder, Send, Settle, Task, TaskState, WorkerHandle
+from ._processes import (
+    Action,
+    Fork,
+    KillOrder,
+    Launch,
+    Owner,
+    Send,
+    Settle,
+    StopWorker,
+    Task,
+    TaskState,
+    WorkerHandle,
+)
 from ._records import (
+    TIMELINE_LIMIT,
     ExecutorStatistics,
     Settings,
     TaskResult,
     TaskTimeline,
-    Timeline,
     count_outcome,
 )
 from ._wire import Done
 
 if TYPE_CHECKING:
     from ._processes import Hub
-from collections import Counter
-from typing import TYPE_CHECKING, Literal
-
-from ._processes import Launch, Owner, StopWorker
-
-if TYPE_CHECKING:
-    from ._processes import Hub
-    from ._records import Settings
 
 
 log = logging.getLogger("precompile_executor")
-
-OWN_CALLBACK = "_precompile_executor_own"
-"""The attribute that marks a done-callback as the library's own (:func:`own_callback`)."""
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def own_callback(fn: _F) -> _F:
-    """Mark ``fn`` as a done-callback the library attaches itself: quick, takes no lock held
-    across a wait, runs no user code — so a future carrying only such callbacks may be set on
-    the monitor (:meth:`Settler.settle_now`; tests/test_settle.py pins which ones a future
-    carries). Marks the function; its bound methods and ``functools.partial`` of it count too."""
-    setattr(fn, OWN_CALLBACK, True)
-    return fn
-
-
-def user_callbacks(future: Future[Any]) -> bool:
-    """Whether ``future`` carries a done-callback that is not the library's own."""
-    for callback in _stdlib.done_callbacks(future):
-        fn = callback.func if isinstance(callback, functools.partial) else callback
-        if not getattr(fn, OWN_CALLBACK, False):
-            return True
-    return False
-
-
-def classification(
-    exc: BaseException,
-    hook: Callable[[BaseException], Classification] | None,
-    ignore_errors: bool,
-    default: Classification = "raise",
-) -> Classification:
-    """The one classification rule: ``"debug"`` under ``ignore_errors``; else the ``classify``
-    hook's verdict (``"raise"`` if it raises or answers something else); ``default`` without
-    a hook."""
-    if ignore_errors:
-        return "debug"
-    if hook is None:
-        return default
-    try:
-        verdict = hook(exc)
-    except Exception:  # noqa: BLE001 - a broken hook must not lose the task's error
-        log.exception("the classify hook raised; treating the error as 'raise'")
-        return "raise"
-    return verdict if verdict in ("raise", "warn", "debug") else "raise"
-
 
 AHEAD_MAX_BYTES = 64 << 10
 """The largest task sent ahead: it waits in the worker's socket until the worker reads it, and
@@ -727,6 +687,61 @@ class Scheduler:
             return tuple(self.settler.timeline)
 
 
+class Timeline:
+    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
+    :data:`._records.TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records
+    only when read (``tuple(settler.timeline)``, lock held) — a frozen dataclass per task costs
+    more on the settle path than the rest of the record keeping."""
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
+
+    def add(self, task: Task, ok: bool) -> None:
+        self._rows.append(
+            (
+                task.id,
+                task.cost,
+                task.path,
+                task.worker_pid,
+                task.n,
+                task.predicted_s,
+                ok,
+                task.queued_at,
+                task.sent_at,
+                task.started_at,
+                task.done_at,
+                task.decoded_at,
+                task.settled_at,
+                weakref.ref(task.future),
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TaskTimeline]:
+        for row in list(self._rows):
+            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
+            queued, sent, started, done, decoded, settled = times
+            yield TaskTimeline(
+                task_id=task_id,
+                function=cost.function if cost is not None else "",
+                features=cost.features if cost is not None else "",
+                path=path,
+                worker_pid=pid,
+                calls=calls,
+                predicted_s=predicted_s,
+                ok=ok,
+                queued=queued,
+                sent=sent,
+                started=started,
+                done=done,
+                decoded=decoded,
+                settled=settled,
+                future_ref=future_ref,
+            )
+
+
 class Settler:
     """Sets resolved tasks' futures (no lock held on entry; see the module doc) and counts and
     records their outcomes (under the hub's ``lock``).
@@ -778,7 +793,7 @@ class Settler:
         future = task.future
         if not (isinstance(done, Done) and done.plain) or task.want_output:
             return False
-        if user_callbacks(future):
+        if _stdlib.user_callbacks(future):
             return False
         ok, value = self._decoded(task, outcome)
         self._recorded(task, ok, value)
@@ -786,7 +801,7 @@ class Settler:
         # added meanwhile waits for it, then sees the future done and runs on its adder's
         # thread. Only the executor's own callback (no lock, nothing slow) runs here.
         with _stdlib.future_condition(future):
-            late = user_callbacks(future)
+            late = _stdlib.user_callbacks(future)
             if not late:
                 self._set(task, ok, value)
         if late:  # added between the two checks: its callback must not run on the monitor
@@ -888,7 +903,7 @@ class Settler:
         return exc
 
     def _classify(self, exc: BaseException) -> Classification:
-        return classification(exc, self.classify, self.ignore_errors)
+        return _errors.classification(exc, self.classify, self.ignore_errors)
 
 
 def _predicted_now(task: Task) -> float:

@@ -147,6 +147,27 @@ def test_imports_go_down_the_module_table_of_the_design_doc() -> None:
     assert upward_imports(graph, index) == []
 
 
+
+SHARED_LAYER = ("_base", "_batch", "_cluster_executor", "_cluster_state")
+LOCAL_BACKEND = ("_executor", "_scheduling", "_processes")
+
+
+def test_the_layer_every_backend_shares_imports_nothing_of_the_local_backend() -> None:
+    # A cluster backend's caller never loads the local scheduler or the hub; the public layer
+    # depends on contracts (Backend), not on one backend (docs/design.md, "A backend").
+    graph = _graph()
+    reached: set[str] = set()
+    todo = [f"{PACKAGE}.{m}" for m in SHARED_LAYER]
+    while todo:
+        module = todo.pop()
+        for target in graph.get(module, ()):
+            if target not in reached and target != PACKAGE:  # the surface re-exports all
+                reached.add(target)
+                todo.append(target)
+    local = {f"{PACKAGE}.{m}" for m in LOCAL_BACKEND}
+    assert reached & local == set()
+
+
 @pytest.mark.parametrize(
     ("package", "needs"),
     [("precompile_executor.dask", "distributed"), ("precompile_executor.ray", "ray")],

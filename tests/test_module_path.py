@@ -50,7 +50,6 @@ def traced_modules() -> tuple[set[str], set[str]]:
     return set(report["caller"]), set(report["worker"])
 
 
-@pytest.mark.xfail(strict=True, reason="the core is still cut in more modules")
 def test_one_warm_round_trip_crosses_at_most_six_modules() -> None:
     caller, worker = traced_modules()
     assert "precompile_executor._worker" in worker  # the worker's side was traced
