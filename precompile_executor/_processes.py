@@ -1,4 +1,4 @@
-"""The process-wide hub: worker processes, their sockets, the monitor thread, background jobs.
+"""Processes: the process-wide hub, its worker processes and sockets, the monitor thread, jobs.
 
 One hub per parent process owns every worker, so workers outlive the executor that started
 them: an executor returns its idle workers to the hub's pool when it shuts down, and the next
@@ -14,6 +14,13 @@ actions run (:meth:`Hub.run`: send a task, fork one, launch a worker, settle, st
   message (:meth:`Hub.dispatch`), end of file and due timer;
 * :class:`Reaper` — a worker's end: end of file, reaping, a failed start, retiring;
 * :class:`._memory.MemoryGuard` — the memory watcher of tasks with a ``memory_limit``.
+
+The parts hold the hub (``self._hub``) and call it directly; the hub alone holds them. The file
+reads top down: first what the schedulers (:mod:`._scheduling`) and the hub share — a
+:class:`Task` and a :class:`WorkerHandle` with explicit states and guarded transitions, the
+actions a scheduler decides, the :class:`Owner` protocol the hub reports to (so this module
+never imports the scheduler) —, then the template lifecycle, the roster, the monitor, the
+launcher, the reaper, and the :class:`Hub` last.
 
 What stays here is a task's way through the hub — a ``Run`` written to a spawn worker, a fork
 for a fork-path task, its ``Started`` and ``Done`` reported to its scheduler, the hand-off of
@@ -56,7 +63,6 @@ import secrets
 import selectors
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -87,15 +93,13 @@ from ._wire import (
     ForkRefused,
     ForkWorker,
     Hello,
-    Message,
     Run,
     Started,
     Stop,
     decode,
     encode,
+    read_frames,
     read_now,
-    recv_now,
-    recv_soon,
     send_frame,
     write_now,
 )
@@ -151,15 +155,24 @@ class KillOrder(NamedTuple):
     detail: str = ""
 
 
+class Settling(Protocol):
+    """What sets a resolved task's future (``_scheduling.Settler``)."""
+
+    def settle(self, task: Task, outcome: Any) -> None:
+        """Decode ``outcome`` and set the future (a settle thread; may run user code)."""
+        ...
+
+    def settle_now(self, task: Task, outcome: Any) -> bool:
+        """Set the future here if that imports nothing and runs no user code (the monitor);
+        ``False`` leaves it for :meth:`settle`."""
+        ...
+
+
 class Owner(Protocol):
     """What the hub asks of the executor scheduler that owns tasks and workers: its reports (lock
     held), and at interpreter exit :meth:`drain_at_exit` and :meth:`abort` (no lock held)."""
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]: ...
-
-    def settle(self, task: Task, outcome: Any) -> None: ...
-
-    def settle_now(self, task: Task, outcome: Any) -> bool: ...
 
     def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]: ...
 
@@ -378,9 +391,10 @@ class Launch(NamedTuple):
 
 
 class Settle(NamedTuple):
-    """Decode ``outcome`` and set ``task``'s future: on a settle thread, or where it is cheap
-    and runs no user code, right away (``Owner.settle_now``)."""
+    """Decode ``outcome`` and set ``task``'s future, by ``settler`` (its scheduler's): on a
+    settle thread, or where it is cheap and runs no user code, right away (``settle_now``)."""
 
+    settler: Settling
     task: Task
     outcome: Any
 
@@ -402,7 +416,7 @@ Action = Send | Fork | Launch | Settle | StopWorker
 #
 # A :class:`TemplateLifecycle` holds no socket and starts no process: the hub calls it with the
 # hub's lock held, on whatever thread saw the event (a launch job, the monitor reading a
-# template's message, the reaper), and the launcher (:mod:`._processes`) carries out the decisions
+# template's message, the reaper), and the launcher (:class:`Launcher`) carries out the decisions
 # it returns (:data:`Decision`) after the lock is released — start a process, send
 # ``ForkWorker`` requests, watch a pid, fail a start. So every rule here can be tested by feeding
 # it events (``tests/test_templates.py``).
@@ -613,7 +627,7 @@ class TemplateLifecycle:
 # One :class:`WorkerRoster` per hub; every method runs with the hub's lock held. Taking a worker
 # from the pool is one step (:meth:`WorkerRoster.take_pooled` pops it), so an idle expiry and a
 # dispatch can never both have it; :meth:`WorkerRoster.forget` drops a worker from every list at
-# once, also from the warm templates' lifecycle (:mod:`._processes`).
+# once, also from the warm templates' lifecycle (:class:`TemplateLifecycle`).
 
 
 class WorkerRoster:
@@ -735,8 +749,8 @@ class WorkerRoster:
 # ----------------------------------------------------------------------------------------------
 # The monitor thread: one per process, it waits on the hub's listening socket, every worker
 # socket, a wake pipe and the process sentinel of each worker still starting, and hands what it
-# reads to the hub (:class:`Handler`): messages, ends of file, deaths before hello, and the timers
-# when one is due.
+# reads to the hub (:meth:`Hub.dispatch` and its kin): messages, ends of file, deaths before
+# hello, and the timers when one is due.
 #
 # Guarantees:
 #
@@ -759,55 +773,17 @@ class WorkerRoster:
 
 log = logging.getLogger("precompile_executor")
 
-READ_CHUNK_BYTES = 1 << 16
-"""What one read takes from a readable socket: many small messages at once; a larger frame is
-completed with reads of exactly what it still lacks."""
-
-FRAME_CHUNK_BYTES = 1 << 20
-"""The most one held read takes of a frame being completed (a compile's files: up to a few MiB)."""
-
-FRAME_WAIT_MS = 2
-"""How long a held read waits for more of a frame being completed. Its sender is writing it as
-the reader drains the socket, so the bytes come within microseconds; a sender that stalls
-longer (descheduled on a loaded machine) is waited for with the GIL released."""
-
 LONGEST_WAIT_S = 3600.0
 """The longest the monitor waits in one round: a task's deadline or an idle worker's expiry
 years away would overflow the poll's timeout (epoll takes an int of milliseconds, ~24.8 days);
 it wakes, finds nothing due, and waits again (``test_contract.py``,
 ``test_a_timeout_of_years_runs_its_task_and_the_monitor_keeps_its_round``)."""
 
-_SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
-_BIG_SIZE = struct.Struct("!Q")  # after a size of -1: frames over 2 GiB
-
-
-class Handler(Protocol):
-    """What the monitor asks of the hub."""
-
-    lock: threading.RLock
-
-    def watch_list(self) -> dict[Any, int | None]:
-        """Worker sockets (fd looked up on registration) and starting workers' sentinels
-        (lock held)."""
-        ...
-
-    def next_timer(self) -> float | None:
-        """Seconds until the next deadline or expiry (lock held)."""
-        ...
-
-    def check_timers(self) -> None: ...
-
-    def dispatch(self, conn: Connection, message: Message) -> None: ...
-
-    def eof(self, conn: Connection) -> None: ...
-
-    def died_starting(self, worker: WorkerHandle) -> None: ...
-
 
 class Monitor:
     """The monitor thread, its listening socket and wake pipe, the sockets not yet known."""
 
-    def __init__(self, address: str, handler: Handler) -> None:
+    def __init__(self, address: str, handler: Hub) -> None:
         self._handler = handler
         self._lock = handler.lock
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -980,56 +956,10 @@ class Monitor:
             self._handler.eof(conn)
 
 
-def read_frames(fd: int) -> tuple[list[bytes], bool]:
-    """The ``multiprocessing.connection`` frames readable on ``fd`` now — one read, and blocking
-    reads only to complete a frame that read cut — and whether the stream ended (at end of
-    file, or inside a frame: the frames before it are whole)."""
-    data = recv_now(fd, READ_CHUNK_BYTES)  # readable: the GIL kept (_wire.py says why)
-    if data is None:
-        data = os.read(fd, READ_CHUNK_BYTES)  # not a socket, or an error: this call reports it
-    frames: list[bytes] = []
-    pos = 0
-    try:
-        while pos < len(data):
-            if len(data) - pos < _SIZE.size:
-                data += _read_exactly(fd, _SIZE.size - (len(data) - pos))
-            (size,) = _SIZE.unpack_from(data, pos)
-            pos += _SIZE.size
-            if size == -1:
-                if len(data) - pos < _BIG_SIZE.size:
-                    data += _read_exactly(fd, _BIG_SIZE.size - (len(data) - pos))
-                (size,) = _BIG_SIZE.unpack_from(data, pos)
-                pos += _BIG_SIZE.size
-            end = pos + size
-            if end > len(data):
-                frames.append(data[pos:] + _read_exactly(fd, end - len(data)))
-                return frames, False
-            frames.append(data[pos:end])
-            pos = end
-    except (EOFError, OSError):
-        return frames, True
-    return frames, not data
-
-
-def _read_exactly(fd: int, n: int) -> bytes:
-    """The next ``n`` bytes of a frame ``fd``'s sender is writing: held reads while its bytes
-    come within ``FRAME_WAIT_MS``, then the ordinary (releasing) read."""
-    chunks = []
-    while n > 0:
-        chunk = recv_soon(fd, min(n, FRAME_CHUNK_BYTES), FRAME_WAIT_MS)
-        if chunk is None:
-            chunk = os.read(fd, min(n, 1 << 24))
-        if not chunk:
-            raise EOFError("the stream ended inside a message")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
 # ----------------------------------------------------------------------------------------------
 # The launcher: starts worker processes — a spawn worker forked from its kind's warm template, or
 # a fresh interpreter started by loky; the templates themselves — carries out what the templates'
-# lifecycle decides (:mod:`._processes`), and finds the exit codes of dead workers.
+# lifecycle decides (:class:`TemplateLifecycle`), and finds the exit codes of dead workers.
 #
 # Spawn workers are started by loky's process backend — one loky ``Process`` per worker, a fresh
 # interpreter (fork + exec) fed with cloudpickle — not by a loky executor: an executor breaks as a
@@ -1071,38 +1001,10 @@ FORK_FRIENDLY_ENV = {
 fewer native threads in a template that must fork (docs/design.md, "Warm templates")."""
 
 
-class Ends(Protocol):
-    """What the launcher reports a failed start to (:class:`Reaper`)."""
-
-    def start_failed(self, worker: WorkerHandle, error: BaseException) -> None: ...
-
-    def retire(self, worker: WorkerHandle) -> None: ...
-
-
-class LaunchSite(Protocol):
-    """What the launcher needs of the hub."""
-
-    lock: threading.RLock
-    changed: threading.Condition
-    closed: bool
-    address: str
-    guardian: _process.Guardian
-
-    @property
-    def roster(self) -> WorkerRoster: ...
-
-    @property
-    def reaper(self) -> Ends: ...
-
-    def submit_job(self, fn: Callable[..., Any], *args: Any) -> None: ...
-
-    def wake(self) -> None: ...
-
-
 class Launcher:
     """Starts spawn workers and templates for the hub (see the module doc)."""
 
-    def __init__(self, hub: LaunchSite) -> None:
+    def __init__(self, hub: Hub) -> None:
         self._hub = hub
         self.templates = hub.roster.templates
 
@@ -1261,30 +1163,10 @@ def died_early(worker: WorkerHandle, code: int | None) -> WorkerStartError:
 # socket is closed only on the monitor's thread (:meth:`Monitor.close_conn`).
 
 
-class ReapSite(Protocol):
-    """What the reaper needs of the hub."""
-
-    lock: threading.RLock
-    guardian: _process.Guardian
-
-    @property
-    def roster(self) -> WorkerRoster: ...
-
-    @property
-    def monitor(self) -> Monitor: ...
-
-    @property
-    def launcher(self) -> Launcher: ...
-
-    def run(self, actions: Iterable[Action]) -> None: ...
-
-    def submit_job(self, fn: Any, *args: Any) -> None: ...
-
-
 class Reaper:
     """How a worker's end is noticed and cleaned up (see the module doc)."""
 
-    def __init__(self, hub: ReapSite) -> None:
+    def __init__(self, hub: Hub) -> None:
         self._hub = hub
 
     def stop(self, worker: WorkerHandle, kill: bool) -> None:
@@ -1427,49 +1309,7 @@ def reap_child(pid: int) -> int | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The process-wide hub: worker processes, their sockets, the monitor thread, background jobs.
-#
-# One hub per parent process owns every worker, so workers outlive the executor that started
-# them: an executor returns its idle workers to the hub's pool when it shuts down, and the next
-# executor with the same initializer takes them back (same pids, imports already paid).
-#
-# The :class:`Hub` holds its parts, each with one concern, and is the one place the schedulers'
-# actions run (:meth:`Hub.run`: send a task, fork one, launch a worker, settle, stop):
-#
-# * :class:`WorkerRoster` — who is alive, reachable, starting or pooled;
-# * :class:`Launcher` — process starts: a fork from the kind's warm template (whose
-#   lifecycle rules are :class:`TemplateLifecycle`) or a fresh interpreter;
-# * :class:`Monitor` — the monitor thread: reads every socket and hands the hub each
-#   message (:meth:`Hub.dispatch`), end of file and due timer;
-# * :class:`Reaper` — a worker's end: end of file, reaping, a failed start, retiring;
-# * :class:`._memory.MemoryGuard` — the memory watcher of tasks with a ``memory_limit``.
-#
-# What stays here is a task's way through the hub — a ``Run`` written to a spawn worker, a fork
-# for a fork-path task, its ``Started`` and ``Done`` reported to its scheduler, the hand-off of
-# its outcome to a settle thread, kills — plus the workers' hellos, the timers and exit. Until a
-# worker says hello, the monitor also watches its process sentinel, so a worker that dies while
-# starting is noticed at once.
-#
-# Threads and what they own:
-#
-# * **monitor** (one): waits on every socket; turns wire messages into state changes under
-#   ``lock``; enforces deadlines and idle limits. It never blocks on a process and never runs user
-#   code: kills, reaps and starts go to the job pool, decoding results and setting futures (and so
-#   the user's done-callbacks) to the settle threads — except a plain result with no user
-#   callback, which it settles itself (``Settler.settle_now``, :mod:`._scheduling`). It alone
-#   closes worker sockets.
-# * **job pool** (bounded, :class:`._jobs.JobPool`): starts workers, kills process groups, reaps
-#   dead workers and reports their tasks, stops workers.
-# * **settle threads** (at most a few, a ``JobPool`` too): unpickle results and set futures.
-# * **memory watcher** (:mod:`._memory`, while a task with a ``memory_limit`` runs or waits):
-#   samples those tasks' process groups; one past its limit is marked for a kill and killed.
-# * callers' threads: submit, decide under ``lock`` and run the resulting actions.
-#
-# Only the monitor lives for the process's life: idle job, settle and watcher threads end.
-#
-# ``lock`` guards every task, worker handle and scheduler (one lock: a task's state and its
-# worker's state always change together). Decisions are made under it; sends, forks, kills and
-# future updates happen after it is released.
+# The hub: one per process, it holds the parts above and runs the schedulers' actions.
 
 WORKER_START_TIMEOUT_S = 600.0
 """How long a new worker may take to start and run its initializer (``import torch`` is slow
@@ -1586,14 +1426,14 @@ class Hub:
         for settle in settles:
             # A plain result with no user callback is settled right here (on the monitor: no
             # hand-off); anything else on a settle thread.
-            if not settle.task.owner.settle_now(settle.task, settle.outcome):
-                self._settle(settle.task, settle.outcome)
+            if not settle.settler.settle_now(settle.task, settle.outcome):
+                self._settle(settle)
 
-    def _settle(self, task: Task, outcome: Any) -> None:
+    def _settle(self, settle: Settle) -> None:
         try:
-            self._settlers.submit(task.owner.settle, task, outcome)
+            self._settlers.submit(settle.settler.settle, settle.task, settle.outcome)
         except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
-            task.owner.settle(task, outcome)
+            settle.settler.settle(settle.task, settle.outcome)
 
     def _send(self, worker: WorkerHandle, task: Task) -> None:
         """Write ``task``'s ``Run`` to ``worker`` — with every task decided for it before, in the

@@ -1,14 +1,14 @@
-"""The scheduler of one executor: its queues, what starts when, the one place a task is resolved,
-and the settler that sets the task's future.
+"""Scheduling, one executor's side: its queues, what starts when, its workers, the one place a
+task is resolved, and the settler that sets the task's future.
 
 One :class:`Scheduler` per executor (shared by its ``options()`` views), built from one frozen
 :class:`Settings`; it is the :class:`._base.Backend` the public layer drives and the
-:class:`._processes.Owner` the hub reports to. Every method marked "lock held" runs under the hub's
-lock and returns the actions it decided (:mod:`._processes`); the caller runs them with
-:meth:`._processes.Hub.run` after releasing the lock. It holds two parts:
+:class:`._processes.Owner` the hub reports to. Every method marked "lock held" runs under the
+hub's lock and returns the actions it decided (:mod:`._processes`); the caller runs them with
+:meth:`._processes.Hub.run` after releasing the lock. The rules it decides by are pure functions
+of :mod:`._policy`. It holds two parts, each read and tested alone:
 
-* :class:`WorkerManager` — this executor's workers (adopt, start, give back,
-  spares, devices);
+* :class:`WorkerManager` — this executor's workers (adopt, start, give back, spares, devices);
 * :class:`Settler` — decodes a resolved task's outcome, classifies it, records its timeline row
   and sets its future (:meth:`Settler.settle` on a settle thread; :meth:`Settler.settle_now` on
   the monitor, when every call returned plain data and no callback but the library's own is
@@ -20,13 +20,12 @@ emits ``Send`` (an idle worker) or ``Fork``; the hub reports its ``Done``
 (:meth:`Scheduler.task_returned`), a death (:meth:`Scheduler.task_lost`,
 :meth:`Scheduler.task_failed`) or a kill; :meth:`Scheduler._close` moves it to DONE under the
 lock — only the first caller wins — and emits the one ``Settle`` action; the settler sets the
-future. Nothing else sets a task's future. The settler lives in this module rather than one of
-its own because resolving a task and setting its future are the last step of one path: a
-reader follows a task from ``submit`` to its result through six modules (docs/design.md,
-"Reading the code"), this one twice.
+future. Nothing else sets a task's future. A reader follows a task from ``submit`` to its
+result through six modules (docs/design.md, "Reading the code"), this one twice.
 
 Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
-order by :meth:`._processes.Task.sort_key` (priority, then the longest predicted, then the oldest).
+order by :meth:`._processes.Task.sort_key` (priority, then the longest predicted, then the
+oldest).
 When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
 its cost model; the settle that leaves the executor idle writes the history files.
 """
@@ -382,7 +381,7 @@ class Scheduler:
         if not task.close():
             return []
         self.settler.unsettled += 1
-        return [Settle(task, outcome)]
+        return [Settle(self.settler, task, outcome)]
 
     def task_returned(self, task: Task, outcome: Any) -> list[Action]:
         """``task``'s ``Done`` arrived: resolve it; its worker takes the next task."""
@@ -431,14 +430,6 @@ class Scheduler:
     def task_failed(self, task: Task, error: BaseException) -> list[Action]:
         """``task`` failed with ``error`` (a crash, a timeout, a kill, a failed fork)."""
         return self._close(task, error) + self.pump()
-
-    def settle(self, task: Task, outcome: Any) -> None:
-        """:meth:`Settler.settle` (a settle thread)."""
-        self.settler.settle(task, outcome)
-
-    def settle_now(self, task: Task, outcome: Any) -> bool:
-        """:meth:`Settler.settle_now` (the monitor thread)."""
-        return self.settler.settle_now(task, outcome)
 
     def worker_ready(self, worker: WorkerHandle) -> list[Action]:
         """One of this executor's workers said hello."""

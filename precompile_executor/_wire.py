@@ -18,6 +18,7 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
 from ._errors import ErrorRecord
@@ -294,3 +295,102 @@ def write_now(fd: int, data: bytes) -> int | None:
         return None  # full, closed or in error: the ordinary write waits or reports it
     written = _libc.write(fd, data, len(data))
     return written if written > 0 else None
+
+
+READ_CHUNK_BYTES = 1 << 16
+"""What one read takes from a readable socket: many small messages at once; a larger frame is
+completed with reads of what it still lacks."""
+
+FRAME_CHUNK_BYTES = 1 << 20
+"""The most one held read takes of a frame being completed (a compile's files: up to a few MiB)."""
+
+FRAME_WAIT_MS = 2
+"""How long a held read waits for more of a frame being completed. Its sender is writing it as
+the reader drains the socket, so the bytes come within microseconds; a sender that stalls
+longer (descheduled on a loaded machine) is waited for with the GIL released."""
+
+
+class FrameReader:
+    """The one reader of ``multiprocessing.connection`` frames (:data:`FRAME_SIZE`, then the
+    body), over a socket's byte stream, in as few reads as it can: a small message's header and
+    body come in one (``Connection.recv_bytes`` reads them apart), and bytes read past a frame
+    are kept for the next.
+
+    Args:
+        fd: the socket.
+        fill: ``fill(fd, missing)`` reads at least one byte of the ``missing`` ones a frame
+            still lacks, and returns ``b""`` at the end of the stream: the worker's reads ahead
+            (:func:`read_ahead`), the caller's exactly what is missing, keeping the GIL while
+            the bytes come at once (:func:`read_held`).
+    """
+
+    __slots__ = ("data", "fd", "fill", "pos")
+
+    def __init__(self, fd: int, fill: Callable[[int, int], bytes] | None = None) -> None:
+        self.fd = fd
+        self.fill = fill if fill is not None else read_ahead
+        self.data = b""
+        self.pos = 0
+
+    def buffered(self) -> bool:
+        """Whether bytes already read wait to be taken."""
+        return self.pos < len(self.data)
+
+    def next(self) -> bytes:
+        """The next frame; raises ``EOFError`` when the stream ends (inside a frame too)."""
+        (size,) = FRAME_SIZE.unpack(self._take(FRAME_SIZE.size))
+        if size == -1:
+            (size,) = FRAME_BIG_SIZE.unpack(self._take(FRAME_BIG_SIZE.size))
+        return self._take(size)
+
+    def _take(self, n: int) -> bytes:
+        data, pos = self.data, self.pos
+        end = pos + n
+        if end <= len(data):
+            self.pos = end
+            return data if pos == 0 and end == len(data) else data[pos:end]
+        chunks = [data[pos:]]
+        have = len(data) - pos
+        while have < n:
+            chunk = self.fill(self.fd, n - have)
+            if not chunk:
+                raise EOFError("the stream ended inside a message")
+            chunks.append(chunk)
+            have += len(chunk)
+        data = b"".join(chunks)
+        self.data, self.pos = data, n
+        return data if n == len(data) else data[:n]
+
+
+def read_ahead(fd: int, missing: int) -> bytes:
+    """A blocking read of at least what a frame lacks, more if it is there (the worker's)."""
+    return os.read(fd, max(READ_CHUNK_BYTES, min(missing, 1 << 24)))
+
+
+def read_held(fd: int, missing: int) -> bytes:
+    """A read of at most what a frame lacks: held while its bytes come within
+    :data:`FRAME_WAIT_MS`, else the ordinary (releasing) read."""
+    chunk = recv_soon(fd, min(missing, FRAME_CHUNK_BYTES), FRAME_WAIT_MS)
+    if chunk is None:
+        chunk = os.read(fd, min(missing, 1 << 24))
+    return chunk
+
+
+def read_frames(fd: int) -> tuple[list[bytes], bool]:
+    """The frames readable on the socket ``fd`` now (the monitor's read) — one read, and reads
+    only to complete a frame that read cut — and whether the stream ended (at end of file, or
+    inside a frame: the frames before it are whole)."""
+    data = recv_now(fd, READ_CHUNK_BYTES)  # readable: the GIL kept ("System calls that keep...")
+    if data is None:
+        data = os.read(fd, READ_CHUNK_BYTES)  # not a socket, or an error: this call reports it
+    if not data:
+        return [], True
+    reader = FrameReader(fd, read_held)
+    reader.data = data
+    frames: list[bytes] = []
+    try:
+        while reader.buffered():
+            frames.append(reader.next())
+    except (EOFError, OSError):
+        return frames, True
+    return frames, False

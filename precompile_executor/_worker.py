@@ -18,7 +18,6 @@ import os
 import pickle
 import re
 import resource
-import struct
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -29,7 +28,17 @@ import cloudpickle
 
 from . import _stdlib
 from ._errors import ErrorRecord, record_from_exception
-from ._wire import Done, Hello, Outcome, Run, Started, decode, encode, write_frame
+from ._wire import (
+    Done,
+    FrameReader,
+    Hello,
+    Outcome,
+    Run,
+    Started,
+    decode,
+    encode,
+    write_frame,
+)
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 """One call of a task: ``(fn, args, kwargs)`` (the one definition: every module imports it)."""
@@ -433,44 +442,3 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
             break
         if retire or recycle:
             break  # CUDA context unusable, or max_tasks_per_child reached: the parent replaces it
-
-
-_SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
-_BIG_SIZE = struct.Struct("!Q")  # after a size of -1: a frame over 2 GiB
-READ_CHUNK_BYTES = 1 << 16
-
-
-class FrameReader:
-    """Reads ``multiprocessing.connection`` frames from a blocking socket in as few ``read``
-    calls as it can: a small message's header and body come in one (``Connection.recv_bytes``
-    reads them apart). Bytes read past a frame are kept for the next."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.data = b""
-
-    def next(self) -> bytes:
-        """The next frame; raises ``EOFError`` when the stream ends (inside a frame too)."""
-        header = self._take(_SIZE.size)
-        (size,) = _SIZE.unpack(header)
-        if size == -1:
-            (size,) = _BIG_SIZE.unpack(self._take(_BIG_SIZE.size))
-        return self._take(size)
-
-    def _take(self, n: int) -> bytes:
-        data = self.data
-        if len(data) < n:
-            chunks = [data]
-            have = len(data)
-            while have < n:
-                chunk = os.read(self.fd, max(READ_CHUNK_BYTES, min(n - have, 1 << 24)))
-                if not chunk:
-                    raise EOFError("the parent's stream ended")
-                chunks.append(chunk)
-                have += len(chunk)
-            data = b"".join(chunks)
-        if len(data) == n:
-            self.data = b""
-            return data
-        self.data = data[n:]
-        return data[:n]

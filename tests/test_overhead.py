@@ -30,8 +30,7 @@ from precompile_executor import PrecompileExecutor, RemoteError
 from precompile_executor._costs import MAX_KEYS, CostKey, CostModel
 from precompile_executor._executor import pickle_arguments, pickle_function
 from precompile_executor._processes import Task
-from precompile_executor._wire import write_frame
-from precompile_executor._worker import FrameReader
+from precompile_executor._wire import FrameReader, write_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,7 +151,7 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
         scheduler = ex._backend
         hub = scheduler.hub
         events: list[tuple[str, int]] = []
-        send, settle_now = hub._send, scheduler.settle_now
+        send, settle_now = hub._send, scheduler.settler.settle_now
 
         def noted_send(worker: Any, task: Task) -> None:
             events.append(("send", task.id))
@@ -163,11 +162,11 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
             return settle_now(task, outcome)
 
         hub._send = noted_send  # type: ignore[method-assign]
-        scheduler.settle_now = noted_settle  # type: ignore[method-assign]
+        scheduler.settler.settle_now = noted_settle  # type: ignore[method-assign]
         try:
             assert list(ex.map(crashers.square, range(4), timeout=60)) == [0, 1, 4, 9]
         finally:
-            del hub._send, scheduler.settle_now
+            del hub._send, scheduler.settler.settle_now
     ids = [i for kind, i in events if kind == "send"]
     assert len(ids) == 4
     order = [(kind, ids.index(i)) for kind, i in events]

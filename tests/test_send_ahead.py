@@ -26,6 +26,7 @@ from precompile_executor import (
     WorkerCrashedError,
     kill_running_futures,
 )
+from precompile_executor._processes import TaskState
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -112,6 +113,18 @@ def test_a_task_sent_ahead_is_running_and_cannot_be_cancelled(
     assert third.cancelled()
 
 
+def _wait_until_started(ex: PrecompileExecutor, n: int, timeout_s: float = 30.0) -> None:
+    """Until ``n`` of ``ex``'s tasks are STARTED (their workers' ``Started`` read)."""
+    scheduler = ex._backend
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with scheduler.lock:
+            if sum(t.state is TaskState.STARTED for t in scheduler.in_flight) >= n:
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"fewer than {n} tasks started within {timeout_s} s")
+
+
 def test_terminate_workers_fails_a_task_sent_ahead_as_cancelled() -> None:
     with PrecompileExecutor(1) as ex:
         _teach(ex)
@@ -119,6 +132,7 @@ def test_terminate_workers_fails_a_task_sent_ahead_as_cancelled() -> None:
         ex_ahead_guard = ex.submit(crashers.nap, QUICK_S)
         # The 30 s nap was predicted short (nap's history): the next one went ahead of it.
         assert ex.statistics().sent_ahead >= 1 and ex_ahead_guard.running()
+        _wait_until_started(ex, 1)  # its worker's Started read: it ran, so it crashes, not cancels
         ex.terminate_workers()
         done, not_done = wait([running, ex_ahead_guard], timeout=30)
         assert not not_done

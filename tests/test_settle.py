@@ -77,9 +77,9 @@ def test_a_views_plain_results_are_settled_on_the_monitor(
     handed_off: list[int] = []
     original = hub._settle
 
-    def settle(task: Any, outcome: Any) -> None:
-        handed_off.append(task.id)
-        original(task, outcome)
+    def settle(settle: Any) -> None:
+        handed_off.append(settle.task.id)
+        original(settle)
 
     monkeypatch.setattr(hub, "_settle", settle)
     view = executor.options(timeout=60)
