@@ -84,7 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="runs per strategy, median reported (3; 1 --quick)")
     p.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, e.g. s1,s4")
     p.add_argument("--contention", action="store_true", help="s7: fewer workers, pinned workers")
-    p.add_argument("--against", default="333c6ad", help="s9: the revision to compare")
+    p.add_argument(
+        "--against",
+        default="HEAD",
+        help="s9: a commit to compare with, extracted by git archive (default HEAD: the last "
+        "commit, so a working tree's changes are measured against it)",
+    )
     for hidden in ("--_scenario", "--_state", "--_t0"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     return p

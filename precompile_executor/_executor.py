@@ -59,7 +59,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from types import FunctionType
+from types import CodeType, FunctionType, ModuleType
 from typing import Any, Literal, TypeVar
 
 import cloudpickle
@@ -410,31 +410,99 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _by_reference: weakref.WeakKeyDictionary[Callable[..., Any], bytes] = weakref.WeakKeyDictionary()
+_by_value: weakref.WeakKeyDictionary[Callable[..., Any], tuple[tuple[Any, ...], bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+
+_STABLE_TYPES = (int, float, complex, str, bytes, bool, type(None), type(Ellipsis))
+"""Values whose pickle cannot change while the same object is bound: immutable, holding nothing."""
 
 
 def pickle_function(fn: Callable[..., Any]) -> bytes:
-    """``cloudpickle.dumps(fn)``, kept for a module's own top-level function.
+    """``cloudpickle.dumps(fn)``, kept per function object while its bytes cannot have changed.
 
-    Only a function that cloudpickle pickles by reference — its bytes are plain pickle's, a
-    module and a name — is kept (weakly), and a kept one is used only while that name in its
-    module is still this function and no module is registered to be pickled by value; anything
-    else (lambdas, closures, ``__main__`` functions: pickled by value, with their globals as they
-    are now) is pickled again for every task. docs/design.md, "Per-task overhead".
+    A module's own top-level function, pickled by reference (its bytes are plain pickle's, a
+    module and a name), is kept while that name in its module is still this function. A
+    function pickled by value (a ``__main__`` function, a lambda, a closure: its code, and the
+    globals and cells it uses as they are now) is kept with the objects its bytes were made
+    from — its code, name, defaults, each global it names and each cell's content — and used
+    while each of them is still the same object and every one is immutable (a number, a
+    string, a tuple of such, a module, a class or function pickled by reference); one that
+    uses a list, a dict or any other object that could change inside is pickled again for
+    every task. Nothing is kept while a module is registered to be pickled by value.
+    docs/design.md, "Per-task overhead".
     """
-    kept = type(fn) is FunctionType
-    if kept:
-        kept_blob = _by_reference.get(fn)
-        if kept_blob is not None and _named(fn) and not cloudpickle.list_registry_pickle_by_value():
-            return kept_blob
+    if type(fn) is not FunctionType or cloudpickle.list_registry_pickle_by_value():
+        return cloudpickle.dumps(fn, _PROTOCOL)  # type: ignore[no-any-return]
+    kept_blob = _by_reference.get(fn)
+    if kept_blob is not None and _named(fn):
+        return kept_blob
+    kept = _by_value.get(fn)
+    if kept is not None:
+        now = _made_from(fn)
+        if now is not None and len(now) == len(kept[0]):
+            if all(a is b for a, b in zip(now, kept[0], strict=True)):
+                return kept[1]
     blob: bytes = cloudpickle.dumps(fn, _PROTOCOL)
-    if kept and _named(fn) and not cloudpickle.list_registry_pickle_by_value():
+    if _named(fn):
         try:
             by_reference = pickle.dumps(fn, _PROTOCOL) == blob
         except Exception:  # noqa: BLE001 - plain pickle cannot name it: not by reference
             by_reference = False
         if by_reference:
             _by_reference[fn] = blob
+            return blob
+    made_from = _made_from(fn)
+    if made_from is not None:
+        _by_value[fn] = (made_from, blob)
     return blob
+
+
+def _made_from(fn: FunctionType) -> tuple[Any, ...] | None:
+    """The objects ``fn``'s by-value pickle is made of, or ``None`` when one of them could
+    change without being rebound (then its bytes are never kept)."""
+    if fn.__dict__ or fn.__kwdefaults__:
+        return None
+    names = _global_names(fn.__code__)
+    found = [fn.__globals__.get(name, _MISSING) for name in names]
+    cells = [cell.cell_contents for cell in fn.__closure__ or ()]
+    defaults = list(fn.__defaults__ or ())
+    for value in (*found, *cells, *defaults):
+        if not _stable(value):
+            return None
+    notes = fn.__annotations__
+    if not all(_stable(v) for v in notes.values()):
+        return None
+    head = (fn.__code__, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__)
+    return (*head, fn.__defaults__, *found, *cells, *notes, *notes.values())
+
+
+_MISSING = object()
+
+
+def _stable(value: Any) -> bool:
+    """Whether ``value``'s pickle stays the same while the same object is bound."""
+    kind = type(value)
+    if kind in _STABLE_TYPES or value is _MISSING:
+        return True
+    if kind is tuple:
+        return all(_stable(v) for v in value)
+    if kind is ModuleType:
+        return True  # pickled by its name
+    if kind is FunctionType or isinstance(value, type):
+        return _named(value) and value.__module__ != "__main__"  # pickled by reference
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: CodeType) -> tuple[str, ...]:
+    """Every name ``code`` and the code nested in it may look up as a global (a superset:
+    attribute names too)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names.update(_global_names(const))
+    return tuple(sorted(names))
 
 
 def _named(fn: Any) -> bool:

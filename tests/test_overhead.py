@@ -98,6 +98,25 @@ def test_a_module_function_is_pickled_once_but_never_stale() -> None:
         del sys.modules[module.__name__]
 
 
+def test_a_function_pickled_by_value_is_pickled_once_while_what_it_uses_is_unchanged() -> None:
+    """A function of a module no worker can import (``__main__``'s, here one made by exec) is
+    pickled by value; its bytes are kept while its code, globals and cells are the same
+    immutable objects, and made again when one is rebound or could change inside."""
+    namespace: dict[str, Any] = {"__name__": "no_such_module"}
+    source = "K = 1\nSEEN = []\ndef f(x=2):\n    return K + x\ndef g():\n    SEEN.append(1)\n    return len(SEEN)\n"
+    exec(source, namespace)  # noqa: S102 - functions made for the test
+    f, g = namespace["f"], namespace["g"]
+    blob = pickle_function(f)
+    assert blob == cloudpickle.dumps(f) and pickle_function(f) is blob  # kept
+    namespace["K"] = 10  # a global it uses, rebound: pickled again, the new value in it
+    assert pickle_function(f) is not blob and cloudpickle.loads(pickle_function(f))() == 12
+    f.__defaults__ = (5,)
+    assert cloudpickle.loads(pickle_function(f))() == 15
+    assert pickle_function(g) is not pickle_function(g)  # it uses a list: never kept
+    namespace["SEEN"].append(1)
+    assert cloudpickle.loads(pickle_function(g))() == 2  # the list as it is now
+
+
 def test_plain_arguments_pickle_to_cloudpickle_s_bytes() -> None:
     calls = [(crashers.square, (1, 2.5, "s", b"b", None, True), {})]
     assert pickle_arguments(calls) == cloudpickle.dumps([(a, k) for _, a, k in calls], 5)
