@@ -2,9 +2,10 @@
 statistics snapshot, and :class:`ClusterState` — the priority queue, ``in_flight``, the
 dispatcher thread's loop and its placement of tasks on nodes, the one place a task is resolved
 and the executor's requests (the public layer's ``Backend``, see :mod:`._base`). A backend's
-``State`` subclasses it and supplies the dispatcher's talk to its cluster (learning the nodes,
-sending calls, reading answers) and ``kill_on_node``; ``dask/_dispatch.py`` and
-``ray/_dispatch.py`` describe their data flow.
+state (``DaskState``, ``RayState``) subclasses it and supplies what its abstract methods name:
+the dispatcher's talk to its cluster (learning the nodes, sending calls, closing the pools),
+``kill_on_node``, its node-lost error and ``warm_up``; a state missing one cannot be built.
+``dask/_dispatch.py`` and ``ray/_dispatch.py`` describe their data flow.
 
 Who owns what: ``lock`` guards the heap, ``in_flight`` (key → task), the nodes (and the refused
 ones), the kills, the dispatcher's inbox and the counters. A task in flight is resolved by whoever
@@ -14,6 +15,7 @@ pops it from ``in_flight`` (:meth:`take`); a cancelled future's task is popped b
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import heapq
 import itertools
@@ -136,7 +138,7 @@ largest part of a compile's cost of moving in the GPU box's fleet benchmark (doc
 per-task cost, 4 threads 38 %, 8 threads 43 %; docs/benchmarks.md, "2026-12-06 01:59 UTC")."""
 
 
-class ClusterState(Generic[T, N, S]):
+class ClusterState(abc.ABC, Generic[T, N, S]):
     """Everything a cluster executor and its ``options()`` views share (see the module doc)."""
 
     # The backend's own, set on its subclass.
@@ -287,8 +289,9 @@ class ClusterState(Generic[T, N, S]):
     node_poll_s: float
     """How often the dispatcher asks the cluster which nodes exist (the backend's constant)."""
 
+    @abc.abstractmethod
     def refresh(self) -> None:
-        raise NotImplementedError  # learn which nodes exist; fail the tasks of lost ones
+        """Learn which nodes exist; fail the tasks of lost ones (the dispatcher thread)."""
 
     def eligible(self, task: T) -> list[str] | None:
         """The nodes that may take ``task`` (lock held); ``None``: any node."""
@@ -297,8 +300,9 @@ class ClusterState(Generic[T, N, S]):
     def bind(self, task: T, node: N) -> None:
         """``task`` goes to ``node``: keep what sending it there needs (lock held)."""
 
+    @abc.abstractmethod
     def send(self, task: T) -> None:
-        raise NotImplementedError  # send a dispatched task to its node (no lock held)
+        """Send a dispatched task to its node (no lock held)."""
 
     def after_plan(self) -> list[Callable[[], None]]:
         """Calls for the dispatcher to make once the tasks are sent (lock held)."""
@@ -308,17 +312,21 @@ class ClusterState(Generic[T, N, S]):
         """Stop ``task``, whose future was cancelled, on its node (no lock held)."""
         self.kill_on_node(task)
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError  # the executor is done: close its pools on the nodes
+        """The executor is done: close its pools on the nodes."""
 
+    @abc.abstractmethod
     def kill_on_node(self, task: T) -> None:
-        raise NotImplementedError  # the backend's: kill a running task where it runs
+        """Kill a running task where it runs."""
 
+    @abc.abstractmethod
     def node_lost(self, node: str, detail: str) -> BaseException:
-        raise NotImplementedError  # the backend's NodeLostError
+        """The backend's ``NodeLostError`` for a task on ``node``."""
 
+    @abc.abstractmethod
     def warm_up(self, timeout: float | None) -> dict[str, list[int]]:
-        raise NotImplementedError  # start every node's pool workers; their pids per node
+        """Start every node's pool workers; their pids per node."""
 
     # -- other threads ---------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The caller side of ``DaskPrecompileExecutor``: its queue, the dispatcher thread, and the
-:class:`State` an executor shares with its views (the public layer's ``Backend``, see
+:class:`DaskState` an executor shares with its views (the public layer's ``Backend``, see
 :mod:`.._base`); tasks run on node-local pools of a dask cluster.
 
 Data flow::
@@ -82,24 +82,24 @@ class DaskExecutorStatistics(ClusterStatistics):
 
 
 @dataclasses.dataclass(eq=False)
-class Task(ClusterTask):
+class DaskTask(ClusterTask):
     token: str = ""
     dask_future: Any = None
 
 
 @dataclasses.dataclass(eq=False)
-class Node:
+class DaskNode:
     address: str
     token: str
     window: int
     keys: set[str] = dataclasses.field(default_factory=set)
 
 
-class State(ClusterState[Task, Node, DaskExecutorStatistics]):
+class DaskState(ClusterState[DaskTask, DaskNode, DaskExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
 
     where = "a dask cluster"
-    task_type = Task
+    task_type = DaskTask
     statistics_type = DaskExecutorStatistics
 
     def __init__(self, client: Any, plugin_name: str, workers: frozenset[str] | None) -> None:
@@ -116,10 +116,10 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
 
     node_poll_s = NODE_POLL_S
 
-    def bind(self, task: Task, node: Node) -> None:
+    def bind(self, task: DaskTask, node: DaskNode) -> None:
         task.token = node.token
 
-    def send(self, task: Task) -> None:
+    def send(self, task: DaskTask) -> None:
         try:
             fut = self.client.submit(
                 _node.run_task,
@@ -144,14 +144,14 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
     def node_lost(self, node: str, detail: str) -> BaseException:
         return NodeLostError(node, detail)
 
-    def withdraw(self, task: Task) -> None:
+    def withdraw(self, task: DaskTask) -> None:
         """Its future was cancelled: dask cancels the dask task, the node cancels or kills it."""
         if task.dask_future is not None:
             with contextlib.suppress(Exception):
                 task.dask_future.cancel()
         self.kill_on_node(task)
 
-    def kill_on_node(self, task: Task) -> None:
+    def kill_on_node(self, task: DaskTask) -> None:
         """Stop ``task`` on its node: dask forgets it, the node cancels or kills it."""
         task.dask_future = None
         try:
@@ -181,14 +181,14 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
                 )
             except Exception:  # noqa: BLE001 - asked again at the next refresh
                 found = {}
-        lost: list[tuple[str, Task]] = []
+        lost: list[tuple[str, DaskTask]] = []
         with self.lock:
             for address, info in found.items():
                 if isinstance(info, dict) and address in present:
                     if info.get("refused"):
                         self.refuse(address, str(info["refused"]))
                     else:
-                        self.nodes[address] = Node(address, info["token"], int(info["window"]))
+                        self.nodes[address] = DaskNode(address, info["token"], int(info["window"]))
             for address in departed(self.nodes, present):
                 node = self.nodes.pop(address)
                 self.nodes_lost += 1
@@ -228,7 +228,7 @@ class State(ClusterState[Task, Node, DaskExecutorStatistics]):
             task.state = "running"
             task.future.set_running_or_notify_cancel()
 
-    def on_dask_done(self, task: Task, fut: Any) -> None:
+    def on_dask_done(self, task: DaskTask, fut: Any) -> None:
         """The dask task finished (a resolver thread): fetch the outcome, resolve."""
         outcome: dict[str, Any] | None = None
         error: BaseException | None = None

@@ -3,7 +3,7 @@
 This module is the dask backend's facade: its settings and their validation and the node plugins
 it registers; what every cluster backend shares (the spawn path only, how a call is sent,
 ``nodes()``, ``warm_up()``, ``statistics()``) is :mod:`.._cluster_executor`'s. The queue, the
-dispatcher thread and who owns what are in :mod:`._dispatch` (its :class:`~._dispatch.State` is
+dispatcher thread and who owns what are in :mod:`._dispatch` (its :class:`~._dispatch.DaskState` is
 the layer's ``Backend``); the node side is in :mod:`._plugin` and :mod:`._node`. Data flow:
 ``docs/dask.md`` and :mod:`._dispatch`.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from .._cluster_executor import ClusterExecutor
 from .._errors import Classification, WorkerStartError
 from . import _node
-from ._dispatch import DaskExecutorStatistics, NodeLostError, State
+from ._dispatch import DaskExecutorStatistics, DaskState, NodeLostError
 from ._plugin import NodeCleanupPlugin, NodePlugin
 
 __all__ = ["DaskExecutorStatistics", "DaskPrecompileExecutor", "NodeLostError"]
@@ -93,7 +93,7 @@ class DaskPrecompileExecutor(ClusterExecutor[DaskExecutorStatistics]):
         if daemonic:
             raise WorkerStartError(f"{_node.DAEMON_MESSAGE} (daemonic: {', '.join(daemonic)})")
         name = f"precompile-executor-{uuid.uuid4().hex[:12]}"
-        state = State(client, name, frozenset(workers) if workers is not None else None)
+        state = DaskState(client, name, frozenset(workers) if workers is not None else None)
         client.subscribe_topic(state.topic, state.on_started)
         client.register_plugin(NodeCleanupPlugin(), name=NodeCleanupPlugin.name)
         client.register_plugin(NodePlugin(name, settings, max_workers_per_node, triton), name=name)

@@ -1,5 +1,5 @@
 """The caller side of ``RayPrecompileExecutor``: its queue, the dispatcher thread, node
-placement, and the :class:`State` an executor shares with its views (the public layer's
+placement, and the :class:`RayState` an executor shares with its views (the public layer's
 ``Backend``, see :mod:`.._base`); tasks run on node-local pools of a Ray cluster.
 
 Data flow::
@@ -22,7 +22,7 @@ Data flow::
       ─► a resolver thread: the result unpickled here, or the RemoteError proxy rebuilt from its
       record ─► future (its done-callbacks); the node's slot is free again
 
-Who owns what: ``State.lock`` guards the heap, ``in_flight`` (key → task), the nodes, the
+Who owns what: ``RayState.lock`` guards the heap, ``in_flight`` (key → task), the nodes, the
 dispatcher's inbox and the counters. A task in flight is resolved by whoever pops it from
 ``in_flight``: a resolver thread (its outcome, or its actor's failure: NodeLostError), the
 dispatcher (its node left the cluster, or its actor failed: NodeLostError) or the thread that
@@ -103,13 +103,13 @@ class RayExecutorStatistics(ClusterStatistics):
 
 
 @dataclasses.dataclass(eq=False)
-class Task(ClusterTask):
+class RayTask(ClusterTask):
     actor: Any = None
     ref: Any = None  # the run() call's ObjectRef, held until the task is resolved
 
 
 @dataclasses.dataclass(eq=False)
-class Node:
+class RayNode:
     node_id: str
     actor: Any
     window: int
@@ -130,11 +130,11 @@ def check_devices_per_node(value: object) -> tuple[int | str, ...] | Literal["au
         raise type(exc)(str(exc).replace("devices", "devices_per_node", 1)) from None
 
 
-class State(ClusterState[Task, Node, RayExecutorStatistics]):
+class RayState(ClusterState[RayTask, RayNode, RayExecutorStatistics]):
     """Everything the executor and its ``options()`` views share; see the module docstring."""
 
     where = "a Ray cluster"
-    task_type = Task
+    task_type = RayTask
     statistics_type = RayExecutorStatistics
 
     def __init__(
@@ -153,7 +153,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         self.max_workers_per_node = max_workers_per_node
         self.devices_per_node = devices_per_node
         self.resources = dict(resources)
-        self.placing: dict[str, Node] = {}  # open() sent, not answered
+        self.placing: dict[str, RayNode] = {}  # open() sent, not answered
         self.retry_at: dict[str, float] = {}  # node id -> when to try placing again
         self.refreshed = False
         self.thread = threading.Thread(target=self.run, name="precompile-ray-dispatch", daemon=True)
@@ -169,13 +169,13 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
 
     node_poll_s = NODE_POLL_S
 
-    def eligible(self, task: Task) -> list[str] | None:
+    def eligible(self, task: RayTask) -> list[str] | None:
         if not task.opts.resources:
             return None
         wanted = dict(task.opts.resources)
         return [a for a, n in self.nodes.items() if has_resources(n.resources, wanted)]
 
-    def bind(self, task: Task, node: Node) -> None:
+    def bind(self, task: RayTask, node: RayNode) -> None:
         task.actor = node.actor
 
     def after_plan(self) -> list[Callable[[], None]]:
@@ -185,7 +185,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
             node.polling = True  # until poll_starts() stores the call's ObjectRef
         return [functools.partial(self.poll_starts, node) for node in polls]
 
-    def send(self, task: Task) -> None:
+    def send(self, task: RayTask) -> None:
         try:
             ref = task.actor.run.remote(self.session, task.node_call())
             answer = ref.future()
@@ -196,7 +196,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
         task.ref = ref
         answer.add_done_callback(lambda f: self.resolve_later(self.on_outcome, task, f))
 
-    def poll_starts(self, node: Node) -> None:
+    def poll_starts(self, node: RayNode) -> None:
         try:
             ref = node.actor.starts.remote(self.session, STARTS_WAIT_S)
             answer = ref.future()
@@ -208,7 +208,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
             node.polling = ref
         answer.add_done_callback(lambda f: self.answered("starts", node.node_id, node.actor, f))
 
-    def kill_on_node(self, task: Task) -> None:
+    def kill_on_node(self, task: RayTask) -> None:
         """Cancel or kill ``task`` on its node (the answer is not awaited)."""
         with contextlib.suppress(Exception):  # the actor is gone: nothing left to kill
             task.actor.kill.remote(self.session, task.key)
@@ -259,7 +259,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
             devices = list(range(gpus)) if gpus else None
         else:
             devices = self.devices_per_node
-        node = Node(node_id, None, window, dict(resources))
+        node = RayNode(node_id, None, window, dict(resources))
         try:
             node.actor = _placement.actor_for(node_id)
             answer = node.actor.open.remote(
@@ -359,7 +359,7 @@ class State(ClusterState[Task, Node, RayExecutorStatistics]):
 
     # -- other threads ---------------------------------------------------------------------------
 
-    def on_outcome(self, task: Task, answer: Future[Any]) -> None:
+    def on_outcome(self, task: RayTask, answer: Future[Any]) -> None:
         """The node's answer to ``run()`` (a resolver thread): resolve the task."""
         error = answer.exception()
         if error is not None:

@@ -4,7 +4,7 @@ This module is the Ray backend's facade: its settings and their validation, join
 ``resources`` option; what every cluster backend shares (the spawn path only, how a call is
 sent, ``nodes()``, ``warm_up()``, ``statistics()``) is :mod:`.._cluster_executor`'s. The queue,
 the dispatcher thread, node placement and who owns what are in :mod:`._dispatch` (its
-:class:`~._dispatch.State` is the layer's ``Backend``); the node side is in :mod:`._actor` and
+:class:`~._dispatch.RayState` is the layer's ``Backend``); the node side is in :mod:`._actor` and
 :mod:`.._node_pool`. Data flow: ``docs/ray.md`` and :mod:`._dispatch`.
 """
 
@@ -19,7 +19,7 @@ import ray
 from .._cluster_executor import ClusterExecutor
 from .._errors import Classification
 from .._validate import check_resources
-from ._dispatch import PLACE_TIMEOUT_S, RayExecutorStatistics, State, check_devices_per_node
+from ._dispatch import PLACE_TIMEOUT_S, RayExecutorStatistics, RayState, check_devices_per_node
 
 __all__ = ["RayPrecompileExecutor"]
 
@@ -99,7 +99,7 @@ class RayPrecompileExecutor(ClusterExecutor[RayExecutorStatistics]):
             if address is not None:
                 check_reachable(address)
             ray.init(address=address)
-        state = State(settings, max_workers_per_node, devices, node_filter, triton)
+        state = RayState(settings, max_workers_per_node, devices, node_filter, triton)
         state.thread.start()
         state.wait_placed(PLACE_TIMEOUT_S)
         super().__init__(state, options)
