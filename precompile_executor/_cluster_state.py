@@ -158,7 +158,7 @@ class ClusterState(abc.ABC, Generic[T, N, S]):
         self.inbox: list[Callable[[], None]] = []  # posted for the dispatcher thread
         self.refused: dict[str, str] = {}  # node present now -> why it gets no tasks
         self.stranded = False  # every node present is refused: queued tasks fail, not wait
-        self.held = 0
+        self.batch_holds = 0
         self.closing = False
         self.broken: BaseException | None = None  # a node's pool could not start: like the stdlib
         self.completed = self.failed = self.cancelled = 0
@@ -240,7 +240,7 @@ class ClusterState(abc.ABC, Generic[T, N, S]):
         A task that no node with a free slot may take (:meth:`eligible`) stays queued, in its
         place; the tasks behind it may go to other nodes.
         """
-        if self.held or not self.nodes:
+        if self.batch_holds or not self.nodes:
             return []
         free = free_slots(
             {a: n.window for a, n in self.nodes.items()},
@@ -421,11 +421,11 @@ class ClusterState(abc.ABC, Generic[T, N, S]):
 
     def hold(self) -> None:
         with self.lock:
-            self.held += 1
+            self.batch_holds += 1
 
     def release(self) -> None:
         with self.lock:
-            self.held -= 1
+            self.batch_holds -= 1
             self.poke()
 
     def begin_shutdown(self, *, cancel_futures: bool = False) -> None:
@@ -433,7 +433,7 @@ class ClusterState(abc.ABC, Generic[T, N, S]):
         pools."""
         with self.lock:
             self.closing = True
-            self.held = 0
+            self.batch_holds = 0
             unstarted = self.unstarted()
             self.poke()
         if cancel_futures:

@@ -327,8 +327,8 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
             timeout=opts.timeout,
             priority=opts.priority,
             want_output=opts.with_output,
-            cost=cost,
-            costs=costs,
+            cost_key=cost,
+            cost_model=costs,
             predicted_s=costs.estimate(cost) * len(calls),
             memory_limit=opts.memory_limit,
         )
@@ -355,7 +355,7 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
         function = _function_key(fn)
         features = call_features(args, kwargs)
         prior = opts.cost
-        costs = self._backend.costs
+        costs = self._backend.cost_model
         if estimate is not None:
             function = estimate.function or function
             if estimate.features is not None:

@@ -224,8 +224,8 @@ class Task:
     started_at: float | None = None
     deadline: float | None = None
     kill_order: KillOrder | None = None
-    cost: CostKey | None = None  # what its duration is predicted and recorded under
-    costs: CostModel | None = None  # where its duration is recorded
+    cost_key: CostKey | None = None  # what its duration is predicted and recorded under
+    cost_model: CostModel | None = None  # where its duration is recorded
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
     memory_limit: int | None = None  # bytes its process group may hold (options(memory_limit=))
     memory_peak: int = (

@@ -101,7 +101,7 @@ row it fails (something kills every worker it reaches). A started task is never 
 
 class Scheduler:
     """The scheduling state of one executor (see the module doc): its queues, its tasks in
-    flight, its counters; its workers (:attr:`staff`) and its settler (:attr:`settler`).
+    flight, its counters; its workers (:attr:`worker_manager`) and its settler (:attr:`settler`).
 
     Long because one executor's scheduling is one concept, decided under one lock: submitting,
     dispatching, the hub's reports, and the facade's requests all move the same queues and the
@@ -117,7 +117,7 @@ class Scheduler:
         self.max_workers = settings.max_workers
         # Where this executor's durations are predicted from and recorded in (its views too).
         path = settings.cost_history
-        self.costs = CostModel() if path is None else shared_model(path)
+        self.cost_model = CostModel() if path is None else shared_model(path)
         self.queues: dict[str, list[tuple[tuple[float, float, int], Task]]] = {
             "spawn": [],
             "fork": [],
@@ -125,14 +125,14 @@ class Scheduler:
         self.in_flight: set[Task] = set()  # SENT or STARTED: each holds one of max_workers
         self.ahead: set[Task] = set()  # SENT behind a worker's task (WorkerHandle.ahead)
         self.sent_ahead = 0  # tasks ever sent ahead (statistics)
-        self.held = 0  # open batch() blocks: nothing is dispatched meanwhile
+        self.batch_holds = 0  # open batch() blocks: nothing is dispatched meanwhile
         self.predicted_max = 0.0  # the longest prediction of the tasks queued so far
         self.shutdown = False
         self.broken: BaseException | None = None
         self.cancelled = 0
         self.spawn_tasks = self.fork_tasks = 0
         self.memory_blocked = False  # the queue's head waits for memory (statistics)
-        self.staff = WorkerManager(hub, self, settings)
+        self.worker_manager = WorkerManager(hub, self, settings)
         self.settler = Settler(
             self.lock,
             self.changed,
@@ -195,18 +195,18 @@ class Scheduler:
     def pump(self) -> list[Action]:
         """Dispatch what may start now; start workers the queue needs."""
         actions: list[Action] = []
-        if self.held:
+        if self.batch_holds:
             return actions
-        staff = self.staff
+        manager = self.worker_manager
         blocked = False  # the head that would start now waits for memory
         while _policy.free_slots(self.max_workers, len(self.in_flight)):
             spawn, fork = self._head("spawn"), self._head("fork")
-            if spawn is not None and not staff.idle:
-                staff.adopt_pooled()
+            if spawn is not None and not manager.idle:
+                manager.adopt_pooled()
             path = _policy.next_path(
                 spawn.sort_key() if spawn else None,
                 fork.sort_key() if fork else None,
-                bool(staff.idle),
+                bool(manager.idle),
             )
             if path is None:
                 break
@@ -228,7 +228,7 @@ class Scheduler:
                 self.fork_tasks += 1
                 actions.append(Fork(task))
             else:
-                worker = self._take_idle()
+                worker = self.worker_manager.take_idle()
                 worker.take(task, now)
                 task.send_to(worker, now)
                 self.spawn_tasks += 1
@@ -247,15 +247,15 @@ class Scheduler:
             self.hub.memory.wait_for_memory(self, blocked)
         actions += self._start_workers()
         if self.shutdown and not self.queued():
-            actions += staff.release_idle()
+            actions += manager.release_idle()
         self.changed.notify_all()
         return actions
 
     def _send_ahead(self) -> list[Action]:
         """With no spawn worker idle, write queued spawn tasks to busy workers whose tasks are
         predicted to end soon, one behind each (docs/design.md, "Sending ahead")."""
-        staff = self.staff
-        if staff.idle or staff.devices or staff.max_tasks_per_child is not None:
+        manager = self.worker_manager
+        if manager.idle or manager.devices or manager.max_tasks_per_child is not None:
             # Devices: the task goes where the balance says, when a worker there is free.
             # max_tasks_per_child: a worker may leave after its task, before reading the next.
             return []
@@ -265,7 +265,7 @@ class Scheduler:
                 break  # admitted for memory when it starts; too big to wait in a socket
             busy = [
                 (w, t)
-                for w in staff.workers
+                for w in manager.workers
                 if w.kind == "spawn"
                 and w.state == "busy"
                 and w.ahead is None
@@ -319,15 +319,6 @@ class Scheduler:
             self.cancelled += 1
         return None
 
-    def _take_idle(self) -> WorkerHandle:
-        """The idle worker for the next spawn task: the warmest, or with devices pinned, one
-        on the device with the fewest busy workers."""
-        idle = self.staff.idle
-        if not self.staff.devices:
-            return idle.pop()
-        index = _policy.pick_idle([w.device for w in idle], self.staff.busy_by_device())
-        return idle.pop(index)
-
     def _start_workers(self) -> list[Action]:
         # Also after shutdown(): queued tasks still run (and a re-queued one needs a worker).
         if self.broken is not None:
@@ -337,7 +328,9 @@ class Scheduler:
         waiting = self._waiting_spawn(limit=self.max_workers)
         if not waiting:
             return []
-        return self.staff.starts_for(waiting, len(self.in_flight), spares=not self.shutdown)
+        return self.worker_manager.starts_for(
+            waiting, len(self.in_flight), spares=not self.shutdown
+        )
 
     def _waiting_spawn(self, limit: int) -> int:
         """Queued spawn tasks not cancelled, counted up to ``limit`` (no decision needs more):
@@ -389,9 +382,13 @@ class Scheduler:
         task.done_at = now = time.monotonic()
         if worker is not None:
             task.worker_pid = worker.pid
-        if task.cost is not None and task.costs is not None and task.started_at is not None:
-            task.costs.observe(task.cost, (now - task.started_at) / task.n)
-            self.settler.learned.add(task.costs)
+        if (
+            task.cost_key is not None
+            and task.cost_model is not None
+            and task.started_at is not None
+        ):
+            task.cost_model.observe(task.cost_key, (now - task.started_at) / task.n)
+            self.settler.learned.add(task.cost_model)
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.tasks_run += 1
@@ -405,9 +402,9 @@ class Scheduler:
                 return actions + self.pump()
             worker.free(now)
             if self.shutdown and not self.queued():
-                actions += self.staff.give_back(worker, worker.since)
+                actions += self.worker_manager.give_back(worker, worker.since)
             else:
-                self.staff.idle.append(worker)
+                self.worker_manager.idle_again(worker)
         return actions + self.pump()
 
     def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]:
@@ -434,10 +431,9 @@ class Scheduler:
     def worker_ready(self, worker: WorkerHandle) -> list[Action]:
         """One of this executor's workers said hello."""
         if self.shutdown and not self.queued():
-            self.staff.workers.discard(worker)
-            self.hub.roster.put_pooled(worker, worker.since)
+            self.worker_manager.pool(worker)
             return []
-        self.staff.idle.append(worker)
+        self.worker_manager.idle_again(worker)
         return self.pump()
 
     def worker_gone(
@@ -445,21 +441,19 @@ class Scheduler:
     ) -> list[Action]:
         """A worker ended; ``recycled``: it ran its ``max_tasks_per_child`` (replaced, as a
         crashed one is, but not counted as a restart)."""
-        staff = self.staff
-        staff.workers.discard(worker)
-        if worker in staff.idle:
-            staff.idle.remove(worker)
+        manager = self.worker_manager
+        manager.forget(worker)
         actions: list[Action] = []
         if worker.kind == "spawn" and not expected:
             if not self.shutdown and self.broken is None:
-                actions += staff.replace(worker, recycled=recycled)
+                actions += manager.replace(worker, recycled=recycled)
             else:
-                staff.restarts += 0 if recycled else 1
+                manager.restarts += 0 if recycled else 1
         return actions + self.pump()
 
     def worker_failed_to_start(self, worker: WorkerHandle, error: BaseException) -> list[Action]:
         """A worker could not start: like the stdlib pools, the executor is broken."""
-        self.staff.workers.discard(worker)
+        self.worker_manager.forget(worker)
         if not isinstance(error, WorkerStartError):
             wrapped = WorkerStartError(f"a worker could not start: {error}")
             wrapped.__cause__ = error
@@ -476,7 +470,9 @@ class Scheduler:
                     task.close()
                     self.cancelled += 1
             queue.clear()
-        actions += self.staff.release_idle()  # nothing will use them: to the pool, still warm
+        actions += (
+            self.worker_manager.release_idle()
+        )  # nothing will use them: to the pool, still warm
         self.changed.notify_all()
         return actions
 
@@ -507,7 +503,7 @@ class Scheduler:
     def drain_at_exit(self) -> None:
         """Wait until every task of this executor is done (interpreter exit; no lock held)."""
         with self.lock:
-            self.held = 0
+            self.batch_holds = 0
             actions = self.pump()
         self.hub.run(actions)
         with self.lock:
@@ -532,18 +528,18 @@ class Scheduler:
         ``shutdown(wait=True)`` waiting, so the hold goes too; a ``warm_up()`` waiting for
         workers stops waiting."""
         self.shutdown = True
-        self.held = 0
+        self.batch_holds = 0
         self.changed.notify_all()
 
     def hold(self) -> None:
         """A ``batch()`` block begins: dispatch nothing until it ends."""
         with self.lock:
-            self.held += 1
+            self.batch_holds += 1
 
     def release(self) -> None:
         """A ``batch()`` block ends: dispatch what waits, best first."""
         with self.lock:
-            self.held = max(0, self.held - 1)
+            self.batch_holds = max(0, self.batch_holds - 1)
             actions = self.pump()
         self.hub.run(actions)
 
@@ -558,7 +554,7 @@ class Scheduler:
     def join(self) -> None:
         """Block until nothing of this executor is queued, in flight, unsettled or starting."""
         with self.lock:
-            while self.busy() or any(w.state == "starting" for w in self.staff.workers):
+            while self.busy() or any(w.state == "starting" for w in self.worker_manager.workers):
                 self.changed.wait(0.5)
             actions = self.pump()
         self.hub.run(actions)
@@ -596,7 +592,7 @@ class Scheduler:
         end = None if timeout is None else time.monotonic() + timeout
         with self.lock:
             self.check_open()
-            actions = self.staff.warm_up_actions()
+            actions = self.worker_manager.warm_up_actions()
         self.hub.run(actions)
         with self.lock:
             while True:
@@ -604,8 +600,8 @@ class Scheduler:
                     raise self.broken
                 if self.shutdown:  # no task can use them now; stop_workers stops them too
                     raise RuntimeError(AFTER_SHUTDOWN)
-                if self.staff.ready():
-                    return sorted(w.pid for w in self.staff.spawn_workers())
+                if self.worker_manager.ready():
+                    return sorted(w.pid for w in self.worker_manager.spawn_workers())
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"workers were not ready within {timeout}s")
@@ -620,9 +616,9 @@ class Scheduler:
         self.hub.run(actions)
         self._kill_until_idle(grace_s, reason)
         with self.lock:
-            actions = self.staff.stop_idle() + self.staff.stop_starting()
+            actions = self.worker_manager.stop_idle() + self.worker_manager.stop_starting()
         self.hub.run(actions)
-        for key in self.staff.pool_keys():
+        for key in self.worker_manager.pool_keys():
             self.hub.stop_idle(key)
 
     def _kill_until_idle(self, grace_s: float, reason: str, timeout_s: float = 30.0) -> None:
@@ -656,12 +652,12 @@ class Scheduler:
                 + sum(1 for t in queued if not t.future_running and t.future.cancelled()),
                 timed_out=settler.timed_out,
                 crashed=settler.crashed,
-                workers_alive=sum(1 for w in self.staff.workers if w.state != "dead"),
-                worker_restarts=self.staff.restarts,
+                workers_alive=sum(1 for w in self.worker_manager.workers if w.state != "dead"),
+                worker_restarts=self.worker_manager.restarts,
                 spawn_tasks=self.spawn_tasks,
                 fork_tasks=self.fork_tasks,
-                start=self.staff.effective_start(),
-                start_note=self.staff.start_note(),
+                start=self.worker_manager.effective_start(),
+                start_note=self.worker_manager.start_note(),
                 memory_killed=settler.memory_killed,
                 waiting_for_memory=(
                     min(waiting, max(0, self.max_workers - len(self.in_flight)))
@@ -691,7 +687,7 @@ class Timeline:
         self._rows.append(
             (
                 task.id,
-                task.cost,
+                task.cost_key,
                 task.path,
                 task.worker_pid,
                 task.n,
@@ -900,9 +896,9 @@ class Settler:
 def _predicted_now(task: Task) -> float:
     """``task``'s whole predicted duration from what its cost model knows now (0: nothing): a
     batch queued before its first task returned learns its length from that task."""
-    if task.cost is None or task.costs is None:
+    if task.cost_key is None or task.cost_model is None:
         return 0.0
-    return task.costs.estimate(task.cost) * task.n
+    return task.cost_model.estimate(task.cost_key) * task.n
 
 
 def _start_error(error: BaseException) -> WorkerStartError:
@@ -951,6 +947,29 @@ class WorkerManager:
 
     def spawn_workers(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.kind == "spawn"]
+
+    def take_idle(self) -> WorkerHandle:
+        """Take the idle worker for the next spawn task, in one step (lock held): the warmest
+        (LIFO), or with devices pinned, one on the device with the fewest busy workers."""
+        idle = self.idle
+        if not self.devices:
+            return idle.pop()
+        return idle.pop(_policy.pick_idle([w.device for w in idle], self.busy_by_device()))
+
+    def idle_again(self, worker: WorkerHandle) -> None:
+        """``worker`` (ready, or done with its task) waits for this executor's next task."""
+        self.idle.append(worker)
+
+    def forget(self, worker: WorkerHandle) -> None:
+        """``worker`` ended or failed to start: no longer this executor's (lock held)."""
+        self.workers.discard(worker)
+        if worker in self.idle:
+            self.idle.remove(worker)
+
+    def pool(self, worker: WorkerHandle) -> None:
+        """Give a worker that became ready after shutdown to the hub's pool (lock held)."""
+        self.workers.discard(worker)
+        self._roster.put_pooled(worker, worker.since)
 
     def busy_by_device(self) -> Counter[str | None]:
         """Busy workers per device (for :func:`._policy.pick_idle`)."""
