@@ -1,4 +1,14 @@
-"""The wire messages between the parent and a worker: small named types, one encode/decode.
+"""The wire between the parent and its workers: the messages, the frame, and the I/O that keeps
+the GIL.
+
+* **Messages**: small named types, one :func:`encode` and one :func:`decode`.
+* **The frame**: ``multiprocessing.connection``'s (a 4-byte size, :data:`FRAME_SIZE`, then the
+  body), so either side may also use a ``Connection``; written by :func:`write_frame` (and
+  :func:`send_frame`, the caller's, keeping the GIL when the socket takes it at once) and read
+  by the one :class:`FrameReader` (the worker's blocking reads ahead; the monitor's
+  :func:`read_frames`, which completes only a frame its read cut).
+* **Held I/O**: the system calls that cannot block, made keeping the GIL (:func:`send_now`,
+  :func:`recv_now`, :func:`recv_soon`, :func:`read_now`, :func:`write_now`).
 
 Parent → worker: :class:`Run`, :class:`Stop`. Worker → parent: :class:`Hello` once, then per
 task :class:`Started` (before the task's code runs, so the parent knows a task that never
