@@ -14,10 +14,10 @@ the code", walks it)::
       │  map(): chunks, the whole input inside a batch() hold
       ▼
     PrecompileExecutor._send                                        _executor
-      │  spawn path: cloudpickle (fn, args) now; a failure fails this future only
-      │  ("auto": fall back to the fork path); predict its cost (_costs.CostModel)
+      │  spawn path: cloudpickle (fn, args) now (fn's bytes kept while unchanged); a
+      │  failure fails this future only ("auto": the fork path); predict its cost (_costs)
       ▼
-    Scheduler: heaps keyed (-priority, -predicted cost, id),        _scheduler (hub lock held)
+    Scheduler: heaps keyed (-priority, -predicted cost, id),        _scheduling (lock held)
       │  one per path; futures stay PENDING (cancel() works)
       │  pump: while tasks in flight < max_workers, take the best head →
       ├── spawn ──► Send(idle worker, task)   (none idle: its WorkerManager adopts a pooled one
@@ -25,13 +25,13 @@ the code", walks it)::
       │                                        worker whose task is predicted to end soon)
       └── fork ───► Fork(task)
       ▼
-    Hub.run(actions)                                                _hub       (lock released)
-      ├── Send: Run over the worker's socket ──► serve loop:        _worker    worker process
-      │         Started, run the calls, Done
+    Hub.run(actions)                                                _processes (lock released)
+      ├── Send: a Run frame (_wire) over the worker's socket ──►    _worker    worker process
+      │         serve loop: Started, run the calls, Done
       └── Fork: os.fork() child: setsid, run the calls, send Done, _exit   (_fork)
                                   │
-    Monitor thread ◄──────────────┘ one read per socket, frames →   _monitor   monitor thread
-      │  Hub.dispatch:                                              _hub
+    Monitor thread ◄──────────────┘ one read per socket, frames →   _wire      monitor thread
+      │  Hub.dispatch:                                              _processes
       Started → the task's clock starts (its deadline counts from here)
       Done    → Scheduler.task_returned: its Started→Done time to its cost model; _close:
                 DONE, one Settle action; the worker's next task (the one sent ahead, else one
