@@ -749,8 +749,8 @@ class WorkerRoster:
 # ----------------------------------------------------------------------------------------------
 # The monitor thread: one per process, it waits on the hub's listening socket, every worker
 # socket, a wake pipe and the process sentinel of each worker still starting, and hands what it
-# reads to the hub (:meth:`Hub.dispatch` and its kin): messages, ends of file, deaths before
-# hello, and the timers when one is due.
+# reads to the hub: messages (:meth:`Hub.dispatch`), ends of file and deaths before hello (its
+# :class:`Reaper`), and the timers when one is due.
 #
 # Guarantees:
 #
@@ -783,9 +783,9 @@ it wakes, finds nothing due, and waits again (``test_contract.py``,
 class Monitor:
     """The monitor thread, its listening socket and wake pipe, the sockets not yet known."""
 
-    def __init__(self, address: str, handler: Hub) -> None:
-        self._handler = handler
-        self._lock = handler.lock
+    def __init__(self, address: str, hub: Hub) -> None:
+        self._hub = hub
+        self._lock = hub.lock
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(address)
         self.listener.listen(256)
@@ -878,13 +878,13 @@ class Monitor:
         selector.close()
 
     def _round(self, selector: selectors.BaseSelector, watched: dict[Any, int]) -> None:
-        handler = self._handler
+        hub = self._hub
         with self._lock:
-            live = handler.watch_list()
+            live = hub.roster.watch_list()
             if self.unknown:
                 live.update(dict.fromkeys(self.unknown))
             to_close, self._to_close = self._to_close, []
-            timeout = handler.next_timer()
+            timeout = hub.next_timer()
         if timeout is not None:  # a deadline years away: wake sooner and look again
             timeout = min(timeout, LONGEST_WAIT_S)
         due = None if timeout is None else time.monotonic() + timeout
@@ -902,12 +902,12 @@ class Monitor:
                     with contextlib.suppress(BlockingIOError, OSError):
                         os.read(self._wake_r, 4096)
             elif isinstance(key.data, WorkerHandle):
-                handler.died_starting(key.data)
+                hub.reaper.died_starting(key.data)
             else:
                 self._readable(key.data, key.fd)
         # Nothing falls due before ``due`` (what is set meanwhile is timed next round).
         if due is not None and time.monotonic() >= due:
-            handler.check_timers()
+            hub.check_timers()
 
     @staticmethod
     def _resync(
@@ -949,11 +949,11 @@ class Monitor:
             except ValueError:  # a garbled stream: the end (what came before it counts)
                 ended = True
                 break
-            self._handler.dispatch(conn, message)
+            self._hub.dispatch(conn, message)
             if conn.closed:
                 return  # a handler closed it (a worker stopped while it started)
         if ended:
-            self._handler.eof(conn)
+            self._hub.reaper.eof(conn)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1545,11 +1545,7 @@ class Hub:
             actions = scheduler.pump()
         self.run(actions)
 
-    # -- what the monitor reports (the monitor thread; see py) ------------------------
-
-    def watch_list(self) -> dict[Any, int | None]:
-        """What the monitor waits on (``lock`` held): :meth:`WorkerRoster.watch_list`."""
-        return self.roster.watch_list()
+    # -- what the monitor reads (the monitor thread) -------------------------------------------
 
     def dispatch(self, conn: Connection, message: Any) -> None:
         """A message read from ``conn`` (the monitor thread)."""
@@ -1567,14 +1563,6 @@ class Hub:
                 decisions = self.templates.message(template, message, self.roster.starting)
                 self.changed.notify_all()  # an exit code exit_code_of() may wait for
             self.launcher.carry_out(decisions)
-
-    def eof(self, conn: Connection) -> None:
-        """``conn`` ended: its worker is dead (:meth:`Reaper.eof`)."""
-        self.reaper.eof(conn)
-
-    def died_starting(self, worker: WorkerHandle) -> None:
-        """A starting worker's process sentinel fired before its hello."""
-        self.reaper.died_starting(worker)
 
     def _started(self, conn: Connection, message: Started) -> None:
         doomed = 0
