@@ -7,6 +7,7 @@ Usage (from the repository root)::
     python -m benchmarks core --quick           # every benchmark of the suite at a tiny size
     python -m benchmarks core --only s9 --against HEAD~1   # before/after of a change
     python -m benchmarks triton --out DIR       # on a CUDA machine
+    python -m benchmarks core --only s2 -- --workers 16 --configs 64   # options of its own
 
 Each benchmark compares the library with the stock form it replaces (the stdlib's pool,
 Triton's, Inductor's or Helion's own machinery, dask's and Ray's executors) on the same machine
@@ -17,7 +18,9 @@ child interpreter of its own; its output is shown as it comes and kept in
 skipped, with a line saying so, on a machine without one. Where the figures go:
 ``docs/benchmarks.md`` (the current figures and how each was measured).
 
-Exit status: 0; 1 when a benchmark failed; 2 for a usage error.
+Arguments after ``--`` go to each chosen benchmark as they are (``python -m benchmarks.MODULE
+--help`` lists a benchmark's own options). Exit status: 0; 1 when a benchmark failed; 2 for a
+usage error.
 """
 
 from __future__ import annotations
@@ -66,7 +69,13 @@ class Benchmark:
     parts: tuple[str, ...] = ()
 
     def argv(
-        self, *, quick: bool, out: Path, against: str | None, parts: Sequence[str] = ()
+        self,
+        *,
+        quick: bool,
+        out: Path,
+        against: str | None,
+        parts: Sequence[str] = (),
+        extra: Sequence[str] = (),
     ) -> list[str]:
         """The child's command line, ``python -m`` and its arguments."""
         args = self.quick if quick and self.quick is not None else self.full
@@ -75,6 +84,7 @@ class Benchmark:
             argv += [self.against, against]
         if parts:
             argv += ["--only", ",".join(parts)]
+        argv += extra
         return [sys.executable, "-m", self.module, *argv]
 
     def needs_gpu(self, *, quick: bool) -> bool:
@@ -308,7 +318,9 @@ def _run(argv: list[str], log: Path) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the suites, a suite's plan, or run a suite; return the exit status."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = _parser().parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
     if args.suite is None:
         print_suites()
         return 0
@@ -331,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"output: {out}" + (" (not written: --plan)" if args.plan else ""))
     for b in chosen:
         command = " ".join(
-            b.argv(quick=args.quick, out=out, against=args.against, parts=parts[b.name])[1:]
+            b.argv(
+                quick=args.quick, out=out, against=args.against, parts=parts[b.name], extra=extra
+            )[1:]
         )
         needs = "a CUDA GPU" if b.needs_gpu(quick=args.quick) else "any machine"
         print("\n" + _wrap(f"[{b.name}] compares: {b.compares}"))
@@ -350,7 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n[{b.name}] running", flush=True)
         started = time.monotonic()
         code = _run(
-            b.argv(quick=args.quick, out=out, against=args.against, parts=parts[b.name]),
+            b.argv(
+                quick=args.quick, out=out, against=args.against, parts=parts[b.name], extra=extra
+            ),
             out / f"{b.name}.log",
         )
         took = time.monotonic() - started

@@ -173,11 +173,14 @@ def test_the_entry_point_refuses_an_unknown_benchmark_and_names_the_known_ones()
 
 
 @pytest.mark.timeout(60)
-def test_a_core_scenario_picked_by_name_is_passed_on_to_the_scenario_runner() -> None:
-    done = _entry_point("core", "--plan", "--only", "s2,s9", "--against", "HEAD~1", timeout=50)
+def test_a_core_scenario_picked_by_name_and_arguments_after_dashes_are_passed_on() -> None:
+    done = _entry_point(
+        *("core", "--plan", "--only", "s2,s9", "--against", "HEAD~1", "--", "--workers", "16"),
+        timeout=50,
+    )
     assert done.returncode == 0, done.stdout
     assert "[busy-caller]" not in done.stdout
-    assert "--against HEAD~1 --only s2,s9" in done.stdout.replace("\n    ", " ")
+    assert "--against HEAD~1 --only s2,s9 --workers 16" in done.stdout.replace("\n    ", " ")
 
 
 @pytest.mark.timeout(120)
