@@ -217,3 +217,8 @@ def test_the_busy_caller_benchmark_measures_each_pool_with_and_without_the_hog(
         "| stdlib ProcessPoolExecutor (fork)",
         f"| against {REPO}",
     ]
+    ratios = [line for line in log.splitlines() if line.startswith("ratio, this tree ÷ ")]
+    assert [r.split(", with")[0] for r in ratios] == [
+        "ratio, this tree ÷ stdlib ProcessPoolExecutor (fork)",
+        f"ratio, this tree ÷ against {REPO}",
+    ]
