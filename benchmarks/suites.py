@@ -157,7 +157,8 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "benchmarks.gpu_runonce",
                 "64 matmul configs compiled and run once: warm workers with shared arguments "
                 "against Helion's fork mode and an interpreter per config, on one GPU and all",
-                "the 'speedup' lines",
+                "'Helion fork mode / ours', 'Helion spawn mode / ours' and the other 'A / B = Nx' "
+                "lines",
                 ("--json", "{out}/gpu-runonce.json"),
                 ("--quick", "--json", "{out}/gpu-runonce.json"),
                 gpu=True,
