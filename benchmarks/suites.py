@@ -136,7 +136,7 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "@triton.autotune's first call (compile and benchmark every config) of matmul, "
                 "softmax, cross-entropy, layer norm, attention: stock Triton against "
                 "autotune.use(), each run a fresh process with a cold cache",
-                "'stock / ours' per kernel",
+                "'× vs stock' per kernel and mode; 'ours / stock' per config",
                 ("--out", "{out}/autotune-bench.md"),
                 ("--only", "matmul", "--out", "{out}/autotune-bench.md"),
                 gpu=True,
@@ -146,7 +146,7 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "benchmarks.triton_library_bench",
                 "the first training step of real Triton libraries (fla-core, liger-kernel): "
                 "stock against use() and install() first, whole process, rounds interleaved",
-                "'× stock' per library and mode; per kernel against the benchmarking floor",
+                "'step vs stock' per library and mode; 'worst vs stock' per kernel",
                 ("--out", "{out}/library-bench.md", "--results", "{out}/library-runs.jsonl"),
                 ("--plan",),
                 gpu=True,
@@ -174,7 +174,7 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "Helion autotuning (skewed softmax with timeouts, matmul RandomSearch, LFBO), "
                 "whole process: Helion's native fork mode against precompile_executor.helion, "
                 "rounds interleaved",
-                "each mode's ratio to its scenario's native-fork time",
+                "'vs native-fork' (whole process) per scenario and mode",
                 ("--out", "{out}/helion-bench.md"),
                 ("--quick", "--rounds", "1", "--out", "{out}/helion-bench.md"),
                 gpu=True,
@@ -190,7 +190,8 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "benchmarks.inductor_bench",
                 "a GPT-2-width decoder and a ResNet-18-shaped network compiled cold, whole "
                 "process: stock Inductor against use(), rounds interleaved",
-                "'ours / stock' per model and mode",
+                "'process wall s', stock's row against use()'s, per model and mode (seconds: "
+                "the table has no ratio column)",
                 ("--out", "{out}/inductor-bench.json", "--results", "{out}/inductor-runs.jsonl"),
                 ("--smoke", "--out", "{out}/inductor-bench.json"),
                 gpu=True,
@@ -224,7 +225,8 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
                 "a GPU process's autotunes (a 48-config GEMM, Helion) compiled on CPU-only dask "
                 "nodes: stock against the local executor and the cluster, and a node lost "
                 "mid-tune",
-                "'× stock' and the per-task cost (--quick on a CPU: the plumbing only)",
+                "'process vs stock or native', 'vs local' and 'per-task cost' (--quick on a CPU: "
+                "the plumbing only)",
                 ("--out-dir", "{out}/fleet"),
                 ("--cpu-smoke", "--out-dir", "{out}/fleet"),
                 gpu=True,
