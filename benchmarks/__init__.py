@@ -21,6 +21,6 @@ prints what it would run, ``--quick`` runs each benchmark at a tiny size); see
   :mod:`benchmarks._tasks`, :mod:`benchmarks._helion_modes` (Helion's two modes re-implemented),
   :mod:`benchmarks._pools` (the other pools), ``gantt`` (drawn by s7).
 
-Nothing here is imported by the library; ``tests/test_benchmarks_smoke.py`` checks the suites'
-plans and runs the quick forms.
+Nothing here is imported by the library; ``tests/test_benchmarks_smoke.py`` checks every suite's
+plan and runs the core suite's quick forms.
 """
