@@ -74,7 +74,7 @@ scenario process did: they notice it through a closed pipe."""
 SCENARIO_TIMEOUT_S = 1800.0
 """A scenario process that runs longer than this is hung: it is killed and reported."""
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-_DEFAULT_OUT = Path("benchmarks") / "results" / "core"
+_DEFAULT_OUT = _REPO_ROOT / "benchmarks" / "results" / "core"
 
 
 def _parser() -> argparse.ArgumentParser:
