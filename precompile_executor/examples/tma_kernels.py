@@ -31,6 +31,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+
 def _fwd_blocks(nargs: dict[str, Any]) -> None:
     bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
     nargs["x_desc"].block_shape = [bm, bk]
