@@ -72,6 +72,7 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.benchmark_provider", "_clone_args"),
     ("helion.autotuner.benchmark_worker", "BenchmarkWorker"),
     ("helion.autotuner.benchmark_worker", "_worker_loop"),
+    ("helion.autotuner.effort_profile", "get_effort_profile"),
     ("helion.autotuner.benchmark_job", "BenchmarkJob"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
@@ -122,6 +123,7 @@ _AFTER_BASELINE = (
 _CODE_USES = (
     ("helion.autotuner.base_search", "BaseSearch", "__init__", "_benchmark_provider_cls"),
     ("helion.autotuner.base_search", "BaseSearch", "_prepare", "_benchmark_provider_cls"),
+    ("helion.autotuner.base_search", "BaseSearch", "_prepare", "benchmark_provider"),
     (
         "helion.autotuner.benchmark_provider",
         "LocalBenchmarkProvider",
@@ -374,6 +376,9 @@ def _streaming_prepare(original: Any) -> Any:
         if getattr(self, "_benchmark_provider_cls", None) is LocalBenchmarkProvider:
             self._benchmark_provider_cls = StreamingBenchmarkProvider
         original(self)
+        provider = getattr(self, "benchmark_provider", None)
+        if isinstance(provider, StreamingBenchmarkProvider):
+            provider.search = self  # its adaptive timeout's quantile and lower bound
 
     _prepare.__wrapped__ = original  # type: ignore[attr-defined]
     return _prepare
