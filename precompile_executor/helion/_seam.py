@@ -123,7 +123,6 @@ _AFTER_BASELINE = (
 _CODE_USES = (
     ("helion.autotuner.base_search", "BaseSearch", "__init__", "_benchmark_provider_cls"),
     ("helion.autotuner.base_search", "BaseSearch", "_prepare", "_benchmark_provider_cls"),
-    ("helion.autotuner.base_search", "BaseSearch", "_prepare", "benchmark_provider"),
     (
         "helion.autotuner.benchmark_provider",
         "LocalBenchmarkProvider",
@@ -378,7 +377,9 @@ def _streaming_prepare(original: Any) -> Any:
         original(self)
         provider = getattr(self, "benchmark_provider", None)
         if isinstance(provider, StreamingBenchmarkProvider):
-            provider.search = self  # its adaptive timeout's quantile and lower bound
+            # Its adaptive timeout's quantile and lower bound (``_adaptive.rule_for``); a
+            # search without them, or a provider kept elsewhere, falls back to the effort profile.
+            provider.search = self
 
     _prepare.__wrapped__ = original  # type: ignore[attr-defined]
     return _prepare
