@@ -378,6 +378,10 @@ class Stream:
         """No more :meth:`add` calls: :meth:`settled` ends after the last one finishes."""
         with self._lock:
             self._input_closed = True
+        # The adaptive timeout counts a task's time from the first poll that saw it running;
+        # fork-path tasks run from their submit, and the autotuner may be busy (Helion's
+        # baseline) before it next polls.
+        self._note_starts()
 
     def pending(self) -> int:
         """Configs added and not handed back by :meth:`settled` yet."""
