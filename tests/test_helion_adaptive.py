@@ -328,3 +328,50 @@ def test_use_on_a_fresh_executor_compiles_before_any_worker_started(
     assert sorted(os.listdir(tmp_path / "ours" / "triton")) == sorted(
         os.listdir(tmp_path / "native" / "triton")
     )
+
+
+@pytest.mark.timeout(240)
+def test_streamed_the_hung_config_is_cut_and_helion_records_a_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The path an autotune takes (the streaming provider): the search's own lower bound (2 s
+    here; ``PatternSearch`` and LFBO carry one) reaches the stream, the hung config is cut while
+    the others are measured, and Helion's own ``benchmark()`` gives it the timeout status."""
+    from test_helion import _streaming_provider
+
+    class Search:  # the provider's search, as BaseSearch._prepare sets it (_seam)
+        compile_timeout_quantile = 0.9
+        compile_timeout_lower_bound = 2.0
+
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    measured: list[tuple[Any, float]] = []
+    with (
+        PrecompileExecutor(4) as executor,
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        peh.use(executor),
+    ):
+        from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+        configs = _many_configs(bound, GOOD + 1)
+        fn = bound.compile_config(configs[0])
+        _prepare_precompiler_for_fork(fn, args, configs[0], bound, "", ctx.log)  # sets compile
+        _hang_in_c(bound, configs[0])
+        provider = _streaming_provider(
+            bound, args, measured, autotune_compile_timeout=120, autotune_precompile_jobs=4
+        )
+        provider.search = Search()
+        provider.setup()
+        t0 = time.monotonic()
+        try:
+            results = provider.benchmark(configs)
+        finally:
+            provider.cleanup()
+        wall = time.monotonic() - t0
+    assert [r.status for r in results] == ["timeout"] + ["ok"] * GOOD
+    assert {id(c) for c, _ in measured} == {id(c) for c in configs[1:]}
+    assert wall < 90  # well before the 120 s compile timeout
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO
+    ]
+    named = [line for line in lines if str(configs[0]) in line]
+    assert len(named) == 1 and "lower bound 2s" in named[0] and "(Search)" in named[0]
