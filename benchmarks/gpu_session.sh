@@ -115,6 +115,9 @@ case "${1:-tests}" in
     # the report's timeouts table) and bmm 16×1024³ (32 configs), native-fork / ours-fork /
     # install-fork per round. Round 1 runs whole; a later round of a scenario starts only if its
     # round-1 times say it ends before HELION_DEADLINE (505 s), so the call ends inside 9 minutes.
+    # From the H100 figures a round takes ~270 s (softmax ~180, bmm ~90): softmax gets its
+    # second round, bmm's usually does not fit; HELION_ONLY=bmm in a second call (~180 s) gives it
+    # two, and `python -m benchmarks.helion_bench --merge A.json B.json` puts the rows together.
     timeout "${HELION_TIMEOUT:-525}" python3 -m benchmarks.helion_bench --out "$OUT/helion-hung.md" \
       --timeout "${HELION_SCENARIO_TIMEOUT:-150}" --rounds "${HELION_ROUNDS:-2}" \
       --deadline "${HELION_DEADLINE:-505}" --only ${HELION_ONLY:-softmax bmm} \
