@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_session.sh starts    # s8: warm templates vs interpreters (16 workers)
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
+#   bash benchmarks/gpu_session.sh helion-hung  # its softmax (a compile that hangs) and bmm scenarios:
+#     native fork / with use(): / install() first, 2 interleaved rounds, in one call of ≤ 9 min
 #   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
 #     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .baseline made by
 #     `mkdir .baseline && git archive REV precompile_executor | tar -x -C .baseline`: the
@@ -105,6 +107,18 @@ case "${1:-tests}" in
       --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
       --deadline "${HELION_DEADLINE:-540}" ${HELION_ONLY:+--only $HELION_ONLY} \
       ${HELION_MODES:+--modes $HELION_MODES} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+  helion-hung)
+    # softmax 8192×4096 (24 configs, one whose compile hangs past Helion's 60 s timeout: named in
+    # the report's timeouts table) and bmm 16×1024³ (32 configs), native-fork / ours-fork /
+    # install-fork per round. Round 1 runs whole; a later round of a scenario starts only if its
+    # round-1 times say it ends before HELION_DEADLINE (505 s), so the call ends inside 9 minutes.
+    # From the H100 figures a round takes ~270 s (softmax ~180, bmm ~90): softmax gets its
+    # second round, bmm's usually does not fit; HELION_ONLY=bmm in a second call (~180 s) gives it
+    # two, and `python -m benchmarks.helion_bench --merge A.json B.json` puts the rows together.
+    timeout "${HELION_TIMEOUT:-525}" python3 -m benchmarks.helion_bench --out "$OUT/helion-hung.md" \
+      --timeout "${HELION_SCENARIO_TIMEOUT:-150}" --rounds "${HELION_ROUNDS:-2}" \
+      --deadline "${HELION_DEADLINE:-505}" --only ${HELION_ONLY:-softmax bmm} \
+      --modes ${HELION_MODES:-native-fork ours-fork install-fork} 2>&1 | tee "$OUT/helion-hung.log" | tail -40 ;;
   autotune)
     # The tests (CPU ones and the injected segfault/hang on the GPU), then the benchmark:
     # each scenario a fresh process with a cold Triton cache (see benchmarks/triton_autotune_bench.py).

@@ -171,7 +171,8 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
             Benchmark(
                 "autotune",
                 "benchmarks.helion_bench",
-                "Helion autotuning (skewed softmax with timeouts, matmul RandomSearch, LFBO), "
+                "Helion autotuning (skewed softmax with timeouts, matmul RandomSearch, LFBO, "
+                "softmax with a compile that hangs, bmm), "
                 "whole process: Helion's native fork mode against precompile_executor.helion, "
                 "rounds interleaved",
                 "'vs native-fork' (whole process) per scenario and mode",
