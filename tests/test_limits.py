@@ -187,7 +187,7 @@ def test_a_task_past_its_memory_limit_fails_alone(how: str, task: Any) -> None:
     """1 GiB under a 256 MiB limit: TaskMemoryError (a MemoryError and a RemoteError with the
     limit, the peak and the output), killed before it could allocate the whole GiB; the batch's
     other tasks succeed; no process is left (the leak fixture). How soon after the crossing it
-    fails is a figure, not a test: ``benchmarks/limits_probe.py`` measures it."""
+    fails is a figure, not a test: docs/benchmarks.md, "Answers of retired probes"."""
     start = "interpreter" if how == "interpreter" else "template"
     with PrecompileExecutor(3, start=start, memory_limit=LIMIT) as ex:  # type: ignore[arg-type]
         view = ex.options(path="fork") if how == "fork" else ex
