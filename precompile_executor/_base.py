@@ -1,6 +1,6 @@
 """The public layer every backend shares: :class:`BaseExecutor` and the :class:`Backend` it drives.
 
-CPython keeps the contract once in ``concurrent/futures/py`` and pebble keeps the pool's
+CPython keeps the contract once in ``concurrent/futures/_base.py`` and pebble keeps the pool's
 lifecycle once in ``BasePool``; here :class:`BaseExecutor` holds, for every backend (the local
 ``PrecompileExecutor``, ``DaskPrecompileExecutor``, and any next one): ``submit``, ``map`` with
 ``chunksize`` and ``buffersize``, the ``options()`` views, ``batch()``, ``shutdown``,
@@ -576,7 +576,7 @@ BUSY_SWITCH_INTERVAL_S = 0.001
 
 class Handoff:
     """Counts the tasks in flight in this process, over every executor; lowers the switch
-    interval from the first to the last (see the module docstring)."""
+    interval from the first to the last (see the comment above)."""
 
     def __init__(self, interval: float | None) -> None:
         self._lock = threading.Lock()  # taken alone, never while calling out

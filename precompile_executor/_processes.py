@@ -631,7 +631,7 @@ class TemplateLifecycle:
 
 
 class WorkerRoster:
-    """Who is alive, reachable, starting or pooled (hub lock held; see the module doc).
+    """Who is alive, reachable, starting or pooled (hub lock held; see the comment above the class).
 
     Args:
         directory: where each worker's capture file goes.
@@ -893,7 +893,7 @@ class Monitor:
         for conn, send_lock in to_close:  # unregistered by now (no longer live): safe to close
             with send_lock, contextlib.suppress(OSError):
                 conn.close()
-        self._run_later()  # the last thing before the wait (see the module doc)
+        self._run_later()  # the last thing before the wait (see above the class)
         for key, _ in selector.select(timeout):
             if key.data == "listener":
                 self._accept()
@@ -1002,7 +1002,7 @@ fewer native threads in a template that must fork (docs/design.md, "Warm templat
 
 
 class Launcher:
-    """Starts spawn workers and templates for the hub (see the module doc)."""
+    """Starts spawn workers and templates for the hub (see the comment above)."""
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub
@@ -1164,7 +1164,7 @@ def died_early(worker: WorkerHandle, code: int | None) -> WorkerStartError:
 
 
 class Reaper:
-    """How a worker's end is noticed and cleaned up (see the module doc)."""
+    """How a worker's end is noticed and cleaned up (see the comment above)."""
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub

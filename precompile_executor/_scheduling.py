@@ -919,7 +919,7 @@ def _start_error(error: BaseException) -> WorkerStartError:
 
 
 class WorkerManager:
-    """The workers one executor holds (hub lock held throughout; see the module doc).
+    """The workers one executor holds (hub lock held throughout; see the comment above).
 
     Args:
         hub: the process's hub (its roster holds every worker).
