@@ -348,6 +348,27 @@ class FrameReader:
         """Whether bytes already read wait to be taken."""
         return self.pos < len(self.data)
 
+    def whole(self) -> list[bytes]:
+        """The frames already read whole, taken in one pass (many small messages come in one
+        read); a frame the read cut stays for :meth:`next`."""
+        data, pos, end = self.data, self.pos, len(self.data)
+        frames: list[bytes] = []
+        head, big = FRAME_SIZE.size, FRAME_BIG_SIZE.size
+        while end - pos >= head:
+            (size,) = FRAME_SIZE.unpack_from(data, pos)
+            start = pos + head
+            if size == -1:
+                if end - start < big:
+                    break
+                (size,) = FRAME_BIG_SIZE.unpack_from(data, start)
+                start += big
+            if start + size > end:
+                break
+            frames.append(data[start : start + size])
+            pos = start + size
+        self.pos = pos
+        return frames
+
     def next(self) -> bytes:
         """The next frame; raises ``EOFError`` when the stream ends (inside a frame too)."""
         (size,) = FRAME_SIZE.unpack(self._take(FRAME_SIZE.size))
@@ -399,10 +420,10 @@ def read_frames(fd: int) -> tuple[list[bytes], bool]:
         return [], True
     reader = FrameReader(fd, read_held)
     reader.data = data
-    frames: list[bytes] = []
-    try:
-        while reader.buffered():
+    frames = reader.whole()
+    if reader.buffered():  # a frame the read cut: its sender is writing the rest now
+        try:
             frames.append(reader.next())
-    except (EOFError, OSError):
-        return frames, True
+        except (EOFError, OSError):
+            return frames, True
     return frames, False
