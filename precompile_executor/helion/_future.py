@@ -108,6 +108,12 @@ class HelionFuture:
     """Path ``"cluster"``: the ``CompileJob``; ``future`` is its future."""
     cut: _adaptive.Threshold | None = None
     """Set when the stream cut this config by Helion's adaptive timeout (``Stream``)."""
+    fallback: Any = None
+    """Spawn mode, while the executor has started no spawn task: the config's ``ForkCompile``,
+    which the stream runs instead if no worker has taken the spawn task yet (``Stream``)."""
+    stealing: bool = False
+    """Set while the stream cancels the spawn task to run :attr:`fallback` (``Stream._done``
+    then drops the cancelled future)."""
 
     @property
     def task_future(self) -> Future[Any] | None:
@@ -199,7 +205,9 @@ def create(
                 ' Set HELION_AUTOTUNE_PRECOMPILE="fork" to fall back to fork mode.'
             ) from err
         task = generated_kernel(spec, lease_dir())
-        return HelionFuture(ctx, config, "spawn", task, timeout, decorator)
+        spawned = HelionFuture(ctx, config, "spawn", task, timeout, decorator)
+        spawned.fallback = _fork_fallback(ctx, config, fn, args, decorator)
+        return spawned
     # Fork mode, exactly as Helion prepares it: the launch arguments are captured here.
     try:
         precompiler = _prepare_precompiler_for_fork(
@@ -222,6 +230,38 @@ def create(
     return HelionFuture(
         ctx, config, "fork", ForkCompile(precompiler, decorator), timeout, decorator
     )
+
+
+STEALS_WHILE_WORKERS_START = True
+"""Spawn mode: while the executor has started no spawn task (its workers still start), the
+autotuner's thread compiles queued configs on the fork path instead (docs/helion.md, "Cold start:
+nothing waits for workers"). ``False``: every config waits for a spawn worker."""
+
+
+def _fork_fallback(
+    ctx: Any, config: Any, fn: Any, args: Sequence[object], decorator: str
+) -> ForkCompile | None:
+    """The config's fork-mode compile, prepared as Helion's fork mode prepares it, when the
+    executor in use is local and has started no spawn task yet; else (or if preparing fails)
+    ``None``: the config waits for a spawn worker."""
+    from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+    executor = _warm.current_executor()
+    if not STEALS_WHILE_WORKERS_START or not isinstance(executor, PrecompileExecutor):
+        return None
+    if executor.statistics().spawn_tasks:
+        return None  # the workers have answered: they take every config
+    try:
+        precompiler = _prepare_precompiler_for_fork(
+            fn, args, config, ctx.kernel, decorator, ctx.log
+        )
+    except Exception as error:  # noqa: BLE001 - the spawn task reports it, as without this
+        log.debug("no fork-path stand-in for %s: %s", config, error)
+        return None
+    if precompiler is None:
+        return None
+    _warm.wait_caller_warm_up()
+    return ForkCompile(precompiler, decorator)
 
 
 # -- wait_for_all --------------------------------------------------------------------------------
@@ -344,6 +384,9 @@ class Stream:
         self._rule: _adaptive.AdaptiveRule | None = None
         self._rule_read = False
         self._compile_times: list[float] = []
+        self._steals_over = not STEALS_WHILE_WORKERS_START
+        self.stolen = 0
+        """Spawn-mode configs compiled on the fork path while the workers started."""
         self._lock = threading.RLock()
         self._waiting: collections.deque[HelionFuture] = collections.deque()
         self._running: dict[Future[Any], HelionFuture] = {}
@@ -400,6 +443,7 @@ class Stream:
                 self._submit_more()
                 if self._input_closed and self._handed == len(self._all):
                     return
+            self._steal_while_workers_start()
             self._cut_overdue()
             t0 = time.perf_counter()
             try:
@@ -430,6 +474,55 @@ class Stream:
                 hf.end_time = hf.end_time or now
                 hf.ok = False
                 hf.failure_reason = "error"
+
+    def _steal_while_workers_start(self) -> None:
+        """Spawn mode on a cold executor: until it has started a spawn task, each queued spawn
+        task that no worker has taken (its future still cancellable: the executor keeps a task
+        PENDING until a worker really starts it) is cancelled and its config compiled on the
+        fork path instead (:attr:`HelionFuture.fallback`, compile only, as Helion's fork mode) —
+        the autotune does not wait for the workers' start-up; once a worker has answered, the
+        rest go to the workers. Autotuner's thread only (the fork path forks the caller)."""
+        if self._steals_over:
+            return
+        with self._lock:
+            queued = [
+                (future, hf)
+                for future, hf in self._running.items()
+                if hf.path == "spawn" and hf.fallback is not None and not future.running()
+            ]
+        if not queued:
+            return
+        executor = self._executor
+        if not isinstance(executor, PrecompileExecutor) or executor.statistics().spawn_tasks:
+            self._steals_over = True
+            return
+        for future, hf in queued:
+            with self._lock:
+                if self._closed:
+                    return
+                hf.stealing = True
+                try:
+                    taken = future.cancel()  # runs _done here when it succeeds
+                finally:
+                    hf.stealing = False
+                if not taken:
+                    continue  # a worker started it: it stays a spawn task
+                hf.path, hf.task, hf.fallback = "fork", hf.fallback, None
+                try:
+                    new = self._submit(hf)
+                except BaseException as error:  # the executor is shut down, say
+                    new = Future()
+                    new.set_exception(error)
+                hf.future = new
+                self._running[new] = hf
+                self.stolen += 1
+                if self.stolen == 1:
+                    log.info(
+                        "compiling Helion configs on the fork path (compile only) while the "
+                        "executor's spawn workers start (docs/helion.md, \"Cold start: nothing "
+                        "waits for workers\")"
+                    )
+            new.add_done_callback(self._done)
 
     def _cut_overdue(self) -> None:
         """Helion's adaptive timeout, from this batch's compile times (``_adaptive``): cut every
@@ -513,8 +606,8 @@ class Stream:
     def _done(self, future: Future[Any]) -> None:
         with self._lock:
             hf = self._running.pop(future, None)
-            if hf is None:
-                return
+            if hf is None or hf.stealing:  # a stolen spawn task: its config runs on
+                return  # the fork path now (_steal_while_workers_start)
             hf.end_time = time.time()
             self._finished.put(hf)
             # Spawn and cluster tasks are sends: refill the window from here, while the
