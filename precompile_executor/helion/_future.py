@@ -108,9 +108,12 @@ class HelionFuture:
     """Path ``"cluster"``: the ``CompileJob``; ``future`` is its future."""
     cut: _adaptive.Threshold | None = None
     """Set when the stream cut this config by Helion's adaptive timeout (``Stream``)."""
-    fallback: Any = None
-    """Spawn mode, while the executor has started no spawn task: the config's ``ForkCompile``,
-    which the stream runs instead if no worker has taken the spawn task yet (``Stream``)."""
+    fallback: ForkStandIn | None = None
+    """Spawn mode, while the executor has started no spawn task: what the config's fork-mode
+    compile is prepared from, should the stream run it instead of a spawn task no worker has
+    taken (``Stream._steal_while_workers_start``)."""
+    submitted_at: float | None = None
+    """``time.monotonic()`` when the stream submitted the task."""
     stealing: bool = False
     """Set while the stream cancels the spawn task to run :attr:`fallback` (``Stream._done``
     then drops the cancelled future)."""
@@ -206,7 +209,8 @@ def create(
             ) from err
         task = generated_kernel(spec, lease_dir())
         spawned = HelionFuture(ctx, config, "spawn", task, timeout, decorator)
-        spawned.fallback = _fork_fallback(ctx, config, fn, args, decorator)
+        if _may_steal(_warm.current_executor()):
+            spawned.fallback = ForkStandIn(fn, tuple(args))
         return spawned
     # Fork mode, exactly as Helion prepares it: the launch arguments are captured here.
     try:
@@ -237,31 +241,49 @@ STEALS_WHILE_WORKERS_START = True
 autotuner's thread compiles queued configs on the fork path instead (docs/helion.md, "Cold start:
 nothing waits for workers"). ``False``: every config waits for a spawn worker."""
 
+STEAL_AFTER_S = 0.5
+"""A spawn task is run on the fork path instead only once it has waited this long for a worker:
+warm workers take a task within milliseconds, so a warm executor never loses one."""
 
-def _fork_fallback(
-    ctx: Any, config: Any, fn: Any, args: Sequence[object], decorator: str
-) -> ForkCompile | None:
-    """The config's fork-mode compile, prepared as Helion's fork mode prepares it, when the
-    executor in use is local and has started no spawn task yet; else (or if preparing fails)
-    ``None``: the config waits for a spawn worker."""
+
+@dataclasses.dataclass(frozen=True)
+class ForkStandIn:
+    """What a spawn-mode config's fork-mode compile is prepared from, if it comes to that:
+    Helion's compiled function and the batch's arguments."""
+
+    fn: Any
+    args: tuple[object, ...]
+
+
+def _may_steal(executor: Any) -> bool:
+    """Whether spawn tasks on ``executor`` may still run on the fork path instead: a local
+    executor that has started no spawn task yet."""
+    return (
+        STEALS_WHILE_WORKERS_START
+        and isinstance(executor, PrecompileExecutor)
+        and not executor.statistics().spawn_tasks
+    )
+
+
+def _fork_compile(hf: HelionFuture) -> ForkCompile | None:
+    """``hf``'s fork-mode compile, prepared as Helion's fork mode prepares it (the host code run
+    with a launcher that only captures its arguments), or ``None`` if that fails or the kernel is
+    in Triton's memory cache already: the config then waits for a spawn worker."""
     from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
 
-    executor = _warm.current_executor()
-    if not STEALS_WHILE_WORKERS_START or not isinstance(executor, PrecompileExecutor):
-        return None
-    if executor.statistics().spawn_tasks:
-        return None  # the workers have answered: they take every config
+    assert hf.fallback is not None
+    ctx = hf.ctx
     try:
         precompiler = _prepare_precompiler_for_fork(
-            fn, args, config, ctx.kernel, decorator, ctx.log
+            hf.fallback.fn, hf.fallback.args, hf.config, ctx.kernel, hf.decorator, ctx.log
         )
     except Exception as error:  # noqa: BLE001 - the spawn task reports it, as without this
-        log.debug("no fork-path stand-in for %s: %s", config, error)
+        log.debug("no fork-path stand-in for %s: %s", hf.config, error)
         return None
     if precompiler is None:
         return None
     _warm.wait_caller_warm_up()
-    return ForkCompile(precompiler, decorator)
+    return ForkCompile(precompiler, hf.decorator)
 
 
 # -- wait_for_all --------------------------------------------------------------------------------
@@ -484,19 +506,27 @@ class Stream:
         rest go to the workers. Autotuner's thread only (the fork path forks the caller)."""
         if self._steals_over:
             return
+        waited = time.monotonic() - STEAL_AFTER_S
         with self._lock:
             queued = [
                 (future, hf)
                 for future, hf in self._running.items()
-                if hf.path == "spawn" and hf.fallback is not None and not future.running()
+                if hf.path == "spawn"
+                and hf.fallback is not None
+                and hf.submitted_at is not None
+                and hf.submitted_at <= waited
+                and not future.running()
             ]
         if not queued:
             return
-        executor = self._executor
-        if not isinstance(executor, PrecompileExecutor) or executor.statistics().spawn_tasks:
+        if not _may_steal(self._executor):
             self._steals_over = True
             return
         for future, hf in queued:
+            compile_task = _fork_compile(hf)
+            if compile_task is None:
+                hf.fallback = None
+                continue
             with self._lock:
                 if self._closed:
                     return
@@ -507,7 +537,7 @@ class Stream:
                     hf.stealing = False
                 if not taken:
                     continue  # a worker started it: it stays a spawn task
-                hf.path, hf.task, hf.fallback = "fork", hf.fallback, None
+                hf.path, hf.task, hf.fallback = "fork", compile_task, None
                 try:
                     new = self._submit(hf)
                 except BaseException as error:  # the executor is shut down, say
@@ -583,6 +613,7 @@ class Stream:
                 self._finished.put(hf)
                 continue
             hf.future = future
+            hf.submitted_at = time.monotonic()
             self._running[future] = hf
             future.add_done_callback(self._done)
 
