@@ -35,7 +35,7 @@ from test_helion import _create, _fork_batch, _inject, _jit  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
-from precompile_executor.helion import _adaptive  # noqa: E402
+from precompile_executor.helion import _adaptive, _future  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -397,7 +397,7 @@ def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_a
         ]  # fmt: skip
         expected = PrecompileFuture.wait_for_all(native)
     stolen: list[int] = []
-    real_close = peh._future.Stream.close
+    real_close = _future.Stream.close
 
     def close(stream: Any) -> None:
         stolen.append(stream.stolen)
@@ -408,7 +408,7 @@ def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_a
         PrecompileExecutor(2, initializer=peh.import_helion) as executor,
         pytest.MonkeyPatch.context() as mp,
     ):
-        mp.setattr(peh._future.Stream, "close", close)
+        mp.setattr(_future.Stream, "close", close)
         ctx.settings.autotune_precompile = "spawn"
         ctx.jobs = 4
         configs = _many_configs(bound, 4)
