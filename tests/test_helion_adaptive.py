@@ -32,6 +32,7 @@ import crashers  # noqa: E402
 from helion.autotuner import effort_profile  # noqa: E402
 from helion.autotuner.precompile_future import PrecompileFuture  # noqa: E402
 from test_helion import _create, _fork_batch, _inject, _jit  # noqa: E402
+from test_helion_child import held_until  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
@@ -403,9 +404,12 @@ def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_a
         stolen.append(stream.stolen)
         real_close(stream)
 
+    gate = tmp_path / "workers-may-start"
     with (
         _fork_batch(tmp_path / "ours") as (bound, args, ctx),
-        PrecompileExecutor(2, initializer=peh.import_helion) as executor,
+        # Its workers cannot answer before the gate opens (after the batch): no pooled worker
+        # of another test's executor fits this initializer, and none of its own is ready.
+        PrecompileExecutor(2, initializer=held_until, initargs=(str(gate),)) as executor,
         pytest.MonkeyPatch.context() as mp,
     ):
         mp.setattr(_future.Stream, "close", close)
@@ -417,6 +421,7 @@ def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_a
             assert all(f.path == "spawn" and f.fallback is not None for f in futures)
             ours = PrecompileFuture.wait_for_all(futures)
         stats = executor.statistics()
+        gate.touch()
     assert ours == expected == [True] * 4
     assert stolen == [4] and [f.process.path for f in futures] == ["fork"] * 4
     assert (stats.spawn_tasks, stats.fork_tasks, stats.cancelled) == (0, 4, 4), stats
