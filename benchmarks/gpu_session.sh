@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # the memory-limit tests on torch+triton workers
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh tma       # a TMA-descriptor GEMM-with-epilogue layer (3 kernels whose
+#     configs' pre_hooks set the descriptors), first training step: stock vs use() vs install()
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
@@ -140,6 +142,17 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  tma)
+    # benchmarks/triton_library_bench.py --libraries tma-gemm: precompile_executor/examples/
+    # tma_kernels.py's silu(x @ w.T + b) at 4096^3 bf16, forward + backward, 3 autotuned kernels of
+    # 16 configs whose pre_hooks set host TensorDescriptor block shapes. TMA_ROUNDS (2) interleaved
+    # rounds of stock, use(), install(), each a fresh process with a cold Triton cache, then the
+    # chosen-kernel check (TMA_CHECK=0 skips it). Each run is appended to $OUT/tma-runs.jsonl as it
+    # ends, so a call cut short still leaves its runs. Needs no wheel beyond loky.
+    timeout "${TMA_TIMEOUT:-540}" python3 -m benchmarks.triton_library_bench --libraries tma-gemm \
+      --out "$OUT/tma-bench.md" --rounds "${TMA_ROUNDS:-2}" --results "$OUT/tma-runs.jsonl" \
+      --timeout "${TMA_RUN_TIMEOUT:-200}" $([ "${TMA_CHECK:-1}" = 0 ] && echo --no-check) \
+      ${TMA_MODES:+--modes $TMA_MODES} 2>&1 | tee "$OUT/tma-bench.log" | tail -80 ;;
   fleet)
     # benchmarks/fleet_bench.py: a dask scheduler and 2 workers × 8 threads on 127.0.0.1 with
     # CUDA hidden serve a 48-config @triton.autotune GEMM and a Helion autotune (stock/native,

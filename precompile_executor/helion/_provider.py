@@ -80,7 +80,7 @@ children back to back; ``False`` (the default) forks each config's child as soon
 exists. Each fork makes the autotuning process's pages copy-on-write again, so its Python work
 between forks (codegen) pays a page fault on each page it then writes — back-to-back forks pay
 that once, but start the compiles later (docs/helion.md, "Streaming"; the A/B:
-``benchmarks/helion_stream_cpu``, ``helion_bench``'s ``ours-fork-batched`` mode)."""
+docs/benchmarks.md, "Answers of retired probes"; ``helion_bench``'s ``ours-fork-batched`` mode)."""
 
 
 class _AfterBaseline:
