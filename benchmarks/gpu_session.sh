@@ -12,6 +12,7 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh halving   # use(screening=True) on six small ops, fwd + bwd, vs stock
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
 #   bash benchmarks/gpu_session.sh inductor-probe  # torch.compile max-autotune: where the time goes,
@@ -133,6 +134,19 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  halving)
+    # Screening (use(screening=True), docs/triton.md "Screening") on the six small ops of
+    # precompile_executor/examples/library_kernels.py, forward and backward: stock vs screen, each
+    # run a fresh process with a cold Triton cache, HALVING_ROUNDS (3) interleaved rounds, no run
+    # started past HALVING_DEADLINE s (400), then the chosen-kernel check (HALVING_ALTERNATIONS,
+    # 5). HALVING_OPS ("small" = rmsnorm,layernorm,softmax,scan,swiglu,dyt), HALVING_MODES
+    # ("stock,screen"; add "use" for the unscreened form). Each run's row goes to
+    # $OUT/halving-runs.jsonl as it ends, the report to $OUT/halving-bench.md after each run.
+    timeout "${HALVING_TIMEOUT:-530}" python3 -m benchmarks.triton_library_bench \
+      --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,screen}" \
+      --rounds "${HALVING_ROUNDS:-3}" --alternations "${HALVING_ALTERNATIONS:-5}" \
+      --deadline "${HALVING_DEADLINE:-400}" --timeout 150 --out "$OUT/halving-bench.md" \
+      --results "$OUT/halving-runs.jsonl" 2>&1 | tee "$OUT/halving-bench.log" | tail -80 ;;
   fleet)
     # benchmarks/fleet_bench.py: a dask scheduler and 2 workers × 8 threads on 127.0.0.1 with
     # CUDA hidden serve a 48-config @triton.autotune GEMM and a Helion autotune (stock/native,

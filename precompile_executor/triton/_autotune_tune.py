@@ -689,7 +689,8 @@ def screening_benchmarker(autotuner: Any) -> Callable[..., Any] | None:
             params = inspect.signature(default).parameters
         except (TypeError, ValueError):
             params = {}  # type: ignore[assignment]
-        if {"warmup", "rep"} <= set(params):
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if takes_any or {"warmup", "rep"} <= set(params):  # a wrapper's **kwargs passes them on
             return functools.partial(
                 default, warmup=_screening.SCREEN_WARMUP_MS, rep=_screening.SCREEN_REP_MS
             )
