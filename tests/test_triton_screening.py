@@ -278,8 +278,11 @@ def test_finalists_are_the_band_best_first_at_most_the_share() -> None:
 def test_challengers_are_screens_at_or_below_the_best_full_timing() -> None:
     screens = {k: _screen(t) for k, t in zip("abcd", (1.0, 1.01, 1.04, 1.2), strict=True)}
     assert _screening.challengers(screens, {}) == []
-    assert _screening.challengers(screens, {"a": 1.05}) == ["b", "c"]
-    assert _screening.challengers(screens, {"a": 1.05, "b": 1.04, "c": 1.06}) == []
+    assert _screening.challengers(screens, {"a": 1.0, "b": 1.01}) == []
+    assert _screening.challengers(screens, {"b": 1.01, "d": 1.2}) == ["a"]
+    # Full timings reading 5 % above the screens: "c"'s screen alone would be Triton's min.
+    assert _screening.challengers(screens, {"a": 1.05, "b": 1.06}) == ["c"]
+    assert _screening.challengers(screens, {"a": 1.05, "b": 1.06, "c": 1.09}) == []
 
 
 # -- screening: whole autotunes -----------------------------------------------------------------

@@ -14,11 +14,11 @@ which configs go on::
             the best screen, at most                   quiet (:func:`finalists`)
             :func:`most_finalists` of them
             challengers: any config whose screen is    the full budget too, until none is left
-            below the best full timing                 (:func:`challengers`)
+            at or below the best full timing           (:func:`challengers`)
 
 The choice is Triton's own (``min`` of the recorded timings), and it can only fall on a config
-timed in full: every other one was screened at or above the best full timing. Every full timing
-is taken once every compile of the tune has landed.
+timed in full: every other one was screened above the best full timing. Every full timing is
+taken once every compile of the tune has landed.
 
 Guarantees: nothing here measures, sleeps or reads a clock; every function is deterministic in
 its arguments (ties broken by the order of the mapping given).
@@ -147,8 +147,13 @@ def finalists(screens: Mapping[K, Screen], band: float, most: int) -> list[K]:
 
 def challengers(screens: Mapping[K, Screen], full: Mapping[K, float]) -> list[K]:
     """The configs not yet timed in full whose screen is at or below the best full timing so
-    far: Triton's ``min`` could pick them on a short timing, so they are timed in full too.
-    Best first; none once ``full`` is empty."""
+    far: Triton's ``min`` would pick them on a short timing, so they are timed in full too, and
+    the choice always falls on a config timed in full. Best first; none once ``full`` is empty.
+
+    Only the raw screen counts. Scaling screens by the finalists' full timing / screen ratios
+    (to correct a short budget's offset) adds no config: the finalists are the best screens, so
+    a scaled screen beats the best full timing only where the raw one already does.
+    """
     if not full:
         return []
     best = min(full.values())
