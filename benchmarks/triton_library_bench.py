@@ -1008,6 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = load_results(args.results, libraries, modes)
     machine = _machine()
+    if args.dry:
+        machine = (
+            "**DRY RUN** (--dry: a stand-in sm_90 GPU on a CPU; every time is made up). " + machine
+        )
     began = time.perf_counter()
     for r, lib, mode in runs:
         if args.deadline is not None and time.perf_counter() - began > args.deadline:

@@ -328,3 +328,4 @@ def test_the_small_ops_benchmark_runs_end_to_end_on_a_stand_in_gpu(tmp_path: Pat
     assert "| stock |" in text and "| screen |" in text
     assert "Chosen-kernel check" in text and "not run" not in text
     assert "## Acceptance (the small ops)" in text and ": softmax screen" in text
+    assert "**DRY RUN**" in text
