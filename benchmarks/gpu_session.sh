@@ -135,7 +135,8 @@ case "${1:-tests}" in
     # 5). HALVING_OPS ("small" = rmsnorm,layernorm,softmax,scan,swiglu,dyt), HALVING_MODES
     # ("stock,screen"; add "use" for the unscreened form). Each run's row goes to
     # $OUT/halving-runs.jsonl as it ends, the report to $OUT/halving-bench.md after each run.
-    timeout "${HALVING_TIMEOUT:-530}" python3 -m benchmarks.triton_library_bench \
+    # HALVING_DRY=1: the same on a CPU (a stand-in sm_90 GPU, made-up times: a smoke run).
+    timeout "${HALVING_TIMEOUT:-530}" python3 -m benchmarks.triton_library_bench ${HALVING_DRY:+--dry} \
       --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,screen}" \
       --rounds "${HALVING_ROUNDS:-3}" --alternations "${HALVING_ALTERNATIONS:-5}" \
       --deadline "${HALVING_DEADLINE:-400}" --timeout 150 --out "$OUT/halving-bench.md" \
