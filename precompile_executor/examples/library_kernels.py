@@ -4,8 +4,9 @@ The shape of Liger-Kernel's and flash-linear-attention's normalisation and activ
 short compiles, short launches, 18 configs each (``num_warps`` × ``num_stages``, or a block size
 × ``num_warps``), so a first call is bound by ``@triton.autotune``'s one ``do_bench`` per config
 rather than by compiling. ``benchmarks/triton_library_bench.py`` runs each op's forward and
-backward (:data:`OPS`) as a "library" of its own; ``tests/test_triton_library_bench.py`` compiles
-every config of every kernel for sm_90 and checks each op against torch in Triton's interpreter.
+backward (:data:`OPS`) as a "library" of its own; ``tests/test_triton_library_bench.py`` checks
+each op against torch in Triton's interpreter and runs the benchmark's ``--dry-run`` (real
+compiles for sm_90 of each kernel's first two configs).
 
 Ops (rows × columns, every kernel one row per program unless said otherwise):
 
