@@ -272,6 +272,7 @@ def test_finalists_are_the_band_best_first_at_most_the_share() -> None:
     assert _screening.finalists(screens, 0.025, most=2) == ["b", "c"]
     assert _screening.finalists(screens, 0.0, most=0) == ["b"]  # the best always
     assert _screening.most_finalists(10) == _screening.MIN_FINALISTS
+    assert not _screening.pays(_screening.MIN_FINALISTS) and _screening.pays(10)
     assert _screening.most_finalists(64) == 64 // _screening.FINALIST_SHARE
 
 

@@ -342,7 +342,9 @@ class Tune:
         """
         if self._adapter is None:
             self._submit()
-            screen = screening_benchmarker(self.autotuner) if self._screening else None
+            screen = None
+            if self._screening and _screening.pays(len(self._entries)):
+                screen = screening_benchmarker(self.autotuner)
             self._bench_as_landed(bench, screen)
         entry = self._entries.get(config)
         if entry is None:  # not among the submitted configs: Triton compiles it itself

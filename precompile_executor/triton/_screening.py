@@ -129,6 +129,12 @@ def rescreen(screens: Mapping[K, Screen], margin: float) -> list[K]:
     return sorted(loud, key=lambda k: screens[k].median)
 
 
+def pays(configs: int) -> bool:
+    """Whether screening ``configs`` configs can cost less than timing each in full: not when
+    all of them could be finalists anyway (each would then be screened *and* timed in full)."""
+    return configs > MIN_FINALISTS
+
+
 def most_finalists(configs: int) -> int:
     """How many of ``configs`` screened configs may go to the full budget at most."""
     return max(MIN_FINALISTS, math.ceil(configs / FINALIST_SHARE))
