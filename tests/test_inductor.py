@@ -150,7 +150,8 @@ def test_a_use_block_compiles_on_the_executor_with_results_equal_to_eager(
     after = inductor.statistics()
     assert after.cpp > before.cpp
     assert after.failed == before.failed
-    assert executor.statistics().completed - completed_before == after.total - before.total
+    probe = 1  # the readiness probe, sent once per executor (state.reset() forgets it)
+    assert executor.statistics().completed - completed_before == after.total - before.total + probe
     assert not inductor.installed()
     assert _inductor_originals() == originals
 
