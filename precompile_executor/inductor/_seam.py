@@ -202,8 +202,11 @@ def _seam_problems() -> list[str]:
         problems.append("torch._inductor.autotune_process.TritonGPUBenchmarkRequest is missing")
     if not isinstance(getattr(codecache.CppCodeCache, "cache", None), dict):
         problems.append("CppCodeCache.cache is not a dict")
-    if not callable(getattr(async_compile.CompiledTritonKernels, "remove_future", None)):
-        problems.append("CompiledTritonKernels.remove_future is missing")
+    for name in ("remove_future", "get"):
+        if not callable(getattr(async_compile.CompiledTritonKernels, name, None)):
+            problems.append(f"CompiledTritonKernels.{name} is missing")
+    if not isinstance(getattr(codecache, "CodeCacheFuture", None), type):
+        problems.append("torch._inductor.codecache.CodeCacheFuture is missing")
     if not callable(getattr(async_compile, "get_compile_threads", None)):
         problems.append("torch._inductor.async_compile.get_compile_threads is missing")
     if not isinstance(getattr(utils, "_IN_TOPLEVEL_PROCESS", None), bool):
