@@ -1,21 +1,26 @@
 """Cold-cache ``torch.compile``: Inductor's own compile pool vs ``precompile_executor.inductor``.
 
-    python -m benchmarks.inductor_bench [--models gpt2,convnet] [--modes default,max-autotune]
+    python -m benchmarks.inductor_bench [--models gpt2,convnet,llama]
+        [--modes default,max-autotune] [--variants stock,ours,ours-install]
         [--only gpt2:max-autotune,...] [--rounds 3] [--layers 2] [--seq 256] [--batch 4]
-        [--image 224] [--cnn-batch 16] [--process-timeout 600] [--out FILE.json]
-        [--results RUNS.jsonl]
-    python -m benchmarks.inductor_bench --smoke          # CPU, tiny sizes, one round
+        [--width W] [--heads H] [--vocab V] [--mlp M] [--image 224] [--cnn-batch 16]
+        [--no-instruments] [--process-timeout 600] [--out FILE.json] [--results RUNS.jsonl]
+    python -m benchmarks.inductor_bench --smoke [--only llama:default]  # CPU, tiny, one round
 
 Every measurement is one fresh interpreter with empty Inductor and Triton caches (its own
 ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``) that builds a model from ``torch.nn`` (no
-downloaded weights), runs it eagerly, compiles it with ``torch.compile(model, mode=...)`` and
-calls it once (inference, ``torch.no_grad()``), then compares the output with eager's. Variants:
+downloaded weights), runs a step eagerly, compiles it with ``torch.compile(model, mode=...)``
+and runs the step once, then compares the output with eager's. A step is one call
+(inference, ``torch.no_grad()``) for ``gpt2`` and ``convnet``, and a training step for
+``llama`` (forward, cross-entropy, backward; the loss and every gradient compared). Variants:
 
 * ``stock`` — Inductor as it is: its compile pool (a sidecar process and its workers) for Triton
   kernels, threads in the process for C++ kernels and max-autotune's template precompiles;
 * ``ours`` — the same program with the compile and first call inside
   ``precompile_executor.inductor.use()`` (the shared default executor: Inductor's worker count,
-  its warm-up started by ``use()``, in the clock).
+  its warm-up started by ``use()``, in the clock);
+* ``ours-install`` — ``precompile_executor.inductor.install()`` at the program's top, right after
+  ``import torch`` and before the model is built.
 
 Rounds are interleaved (every model, mode and variant once, then again), and the figures are the
 medians over rounds. Reported per process: the whole-process wall (interpreter start to exit, as
@@ -32,7 +37,9 @@ learned positions, pre-norm blocks: fused QKV projection, causal
 ``scaled_dot_product_attention``, GELU MLP; tied LM head) with ``--layers`` blocks (GPT-2 small
 has 12; the kernels are the same for every block, so fewer blocks mostly saves tracing);
 ``convnet`` — a ResNet-18-shaped network
-(``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels).
+(``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels); ``llama`` — a
+Llama-style decoder (RMSNorm, rotary positions, causal attention, SwiGLU MLP, untied LM head;
+width 1024, 16 heads, MLP 2816, vocabulary 32000 unless given), bf16 on a GPU.
 
 Writes one JSON record per process (``--out``) with the machine and versions, and prints a table
 per model and mode. ``--results RUNS.jsonl`` spreads rounds over several calls (a device call
