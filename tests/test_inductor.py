@@ -357,7 +357,8 @@ def test_state_reset_closes_every_holder_stops_the_default_and_counts_from_zero(
     state = inductor.state
     default, warming = state.default, state.warming
     assert default is not None and warming is not None
-    assert inductor.statistics().total > 0
+    counted = inductor.statistics()  # on the default executor, or in the caller while it warms
+    assert counted.total + counted.in_caller > 0
 
     state.reset()
 
