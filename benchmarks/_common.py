@@ -45,7 +45,7 @@ class Context:
     started: float = dataclasses.field(default_factory=time.monotonic)
     out: Path | None = None
     contention: bool = False
-    against: str = "333c6ad"
+    against: str = "HEAD"
     key: str = ""
     _dirs: int = 0
 

@@ -1,5 +1,5 @@
 """A Helion benchmark provider whose GPU parts stand in, for runs on a machine without a GPU
-(tests/test_helion.py's streaming tests, benchmarks/helion_stream_cpu.py)."""
+(tests/test_helion.py's streaming tests)."""
 
 from __future__ import annotations
 

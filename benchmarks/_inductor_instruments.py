@@ -1,5 +1,5 @@
 """Where max-autotune's time goes in one ``torch.compile`` process: timers and counters for the
-benchmarks (``inductor_bench``, ``inductor_probe``), installed in the measured process itself.
+benchmark (``inductor_bench``), installed in the measured process itself.
 
 :func:`install` wraps, for the rest of the process, the Inductor and Triton functions through
 which max-autotune's template work passes, stock and inside ``precompile_executor.inductor.use()``

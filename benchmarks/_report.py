@@ -1,5 +1,5 @@
 """The one renderer: rows become tables, goals become targets; printed, written as Markdown,
-plotted. Every scenario (and ``dask_bench``, ``ray_bench``, ``limits_probe``) feeds it rows."""
+plotted. Every scenario (and ``dask_bench``, ``ray_bench``) feeds it rows."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ pool's module is imported before the hog starts (``import_s`` in each row). Pool
 ``PrecompileExecutor``, the one of ``--against REV`` (a commit or a directory holding an
 extracted ``precompile_executor/``, as ``benchmarks/s9_versus.py`` takes it; omitted: not run),
 and ``concurrent.futures.ProcessPoolExecutor`` (fork). Rounds interleave the pools (the order
-rotates), and medians are printed as a Markdown table with the machine and versions. The ideal
+rotates), and medians are printed as a Markdown table with the machine and versions, then
+this tree's warm-pool time and round trip beside the hog as a ratio to each other pool's. The ideal
 with a free caller is ``tasks × task-ms / workers``.
 """
 
@@ -317,6 +318,18 @@ def main(argv: list[str] | None = None) -> int:
                 else "—"
             )
         print(f"| {label[pool]} | {' | '.join(cells)} |")
+
+    def med(pool: str, key: str) -> float:
+        good = [x[key] for x in rows[(pool, True)] if x.get(key) is not None]
+        return median(good) if good else float("nan")
+
+    print()
+    for pool in pools[1:]:  # this tree against each other pool, beside the same hog
+        print(
+            f"ratio, this tree ÷ {label[pool]}, with the hog: warm pool "
+            f"{med('this', 'warm_s') / med(pool, 'warm_s'):.2f}×, round trip "
+            f"{med('this', 'round_trip_ms') / med(pool, 'round_trip_ms'):.2f}×"
+        )
     return 0
 
 

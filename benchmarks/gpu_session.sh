@@ -4,13 +4,12 @@
 #   bash benchmarks/gpu_session.sh starts    # s8: warm templates vs interpreters (16 workers)
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
-#   bash benchmarks/gpu_session.sh probe     # can a child forked from a template use CUDA?
 #   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
 #     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .baseline made by
-#     `mkdir .baseline && git archive 333c6ad precompile_executor | tar -x -C .baseline`: the
+#     `mkdir .baseline && git archive REV precompile_executor | tar -x -C .baseline`: the
 #     device machine's copy has no git history)
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
-#   bash benchmarks/gpu_session.sh limits    # memory limits on torch+triton workers, then their tests
+#   bash benchmarks/gpu_session.sh limits    # the memory-limit tests on torch+triton workers
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
@@ -18,8 +17,6 @@
 #     step, whole process: stock vs use() vs install(), 2 interleaved rounds (about 3 minutes)
 #   bash benchmarks/gpu_session.sh inductor-train-autotune  # the same step in max-autotune, smaller
 #     (1 block, MLP = width, vocabulary 8192), stock vs use(); TRAIN_AUTOTUNE_ROUNDS (1) per call
-#   bash benchmarks/gpu_session.sh inductor-probe  # torch.compile max-autotune: where the time goes,
-#     stock vs use() (benchmarks.inductor_probe; everything under $OUT/inductor-probe as it goes)
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
 #   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
@@ -102,8 +99,6 @@ case "${1:-tests}" in
   versus)
     timeout "${VERSUS_TIMEOUT:-560}" python3 -m benchmarks.run --workers 2 --only s9 \
       --against "${AGAINST:-.baseline}" --out "$OUT/versus" 2>&1 | tee "$OUT/versus.log" | tail -30 ;;
-  probe)
-    timeout 400 python3 -m benchmarks.gpu_fork_probe 2>&1 | tee "$OUT/probe.txt" ;;
   helion)
     # HELION_ONLY="skew matmul" picks scenarios, HELION_MODES="native-fork ours-fork" modes,
     # ("skew:ours-fork": for one scenario), HELION_ROUNDS the interleaved rounds (default 3); a
@@ -123,13 +118,11 @@ case "${1:-tests}" in
       --out "$OUT/autotune-bench.md" --rounds "${AUTOTUNE_ROUNDS:-1}" \
       ${AUTOTUNE_ONLY:+--only $AUTOTUNE_ONLY} ${AUTOTUNE_MODES:+--modes $AUTOTUNE_MODES} 2>&1 | tee "$OUT/autotune-bench.log" | tail -50 ;;
   libraries)
-    # First the CPU-bound proxy of niced workers against the caller (a few seconds), then
     # LIBRARY_ROUNDS interleaved rounds (default 3) of stock, use() and install() first, each run
     # a fresh process with a cold Triton cache; LIBRARIES="fla" picks libraries.
-    [ "${NICE_PROXY:-1}" = 1 ] && timeout 120 python3 -m benchmarks.nice_proxy 2>&1 | tee "$OUT/nice-proxy.md"
     # Runs accumulate in LIBRARY_RESULTS (kept on the machine between calls: bench-out/ is not
-    # replaced; remove it to start afresh), so LIBRARY_ROUNDS=1 per call, LIBRARY_CHECK=0 and
-    # NICE_PROXY=0 until the last, spreads the rounds over calls.
+    # replaced; remove it to start afresh), so LIBRARY_ROUNDS=1 per call and LIBRARY_CHECK=0
+    # until the last spreads the rounds over calls.
     mkdir -p bench-out
     timeout "${LIBRARY_TIMEOUT:-580}" python3 -m benchmarks.triton_library_bench \
       --out "$OUT/library-bench.md" --rounds "${LIBRARY_ROUNDS:-3}" \
@@ -186,16 +179,7 @@ case "${1:-tests}" in
       --process-timeout "${TRAIN_AUTOTUNE_RUN_TIMEOUT:-270}" \
       --results bench-out/inductor-train-autotune.jsonl --out "$OUT/inductor-train-autotune.json" \
       2>&1 | tee "$OUT/inductor-train-autotune.log" | tail -40 ;;
-  inductor-probe)
-    # PROBE_VARIANTS="ours-before,ours": use() without and with the caller's recompiles removed;
-    # "ours,ours-cost-order": Inductor's compiles in the order it sent them vs the executor's order;
-    # "ours,ours-warm": the default executor started at use() vs warm before the model is built.
-    timeout ${PROBE_TIMEOUT:-150} python3 -m benchmarks.inductor_probe --out-dir "$OUT/inductor-probe" \
-      --deadline "${PROBE_DEADLINE:-115}" \
-      ${PROBE_VARIANTS:+--variants $PROBE_VARIANTS} 2>&1 | tee "$OUT/inductor-probe.log" | tail -80 ;;
   limits)
-    timeout "${LIMITS_TIMEOUT:-400}" python3 -m benchmarks.limits_probe --workers "${WORKERS:-16}" \
-      2>&1 | tee "$OUT/limits-probe.txt"
     timeout 400 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_limits.py \
       tests/test_limits_cpython.py > "$OUT/limits-tests.txt" 2>&1; tail -15 "$OUT/limits-tests.txt" ;;
 esac

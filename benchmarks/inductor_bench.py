@@ -738,9 +738,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, one round")
-    parser.add_argument("--models", help=f"comma-separated, of {','.join(MODELS)} (default: all)")
+    parser.add_argument(
+        "--models", help=f"comma-separated, of {','.join(MODELS)} (default: gpt2,convnet)"
+    )
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        default="stock,ours",
+        help=f"comma-separated, of {','.join(VARIANTS)} (default: stock,ours)",
+    )
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--layers", type=int, default=2, help="decoder blocks (GPT-2 small: 12)")
     parser.add_argument("--width", type=int, help="decoder width (gpt2 768, llama 1024)")
@@ -779,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_MARK + json.dumps(record), flush=True)
         return 0
     models_given = args.models is not None
-    args.models = [m for m in (args.models or ",".join(MODELS)).split(",") if m]
+    args.models = [m for m in (args.models or "gpt2,convnet").split(",") if m]
     args.modes = [m for m in args.modes.split(",") if m]
     args.variants = [v for v in args.variants.split(",") if v]
     if args.smoke:  # CPU, tiny sizes, one round; gpt2 unless --models or --only say otherwise

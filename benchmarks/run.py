@@ -1,11 +1,12 @@
-"""Run the benchmark scenarios and write ``benchmarks.md`` and ``benchmarks.png``.
+"""The core suite's scenarios: run them and write ``benchmarks.md`` and ``benchmarks.png``.
 
-Usage (from the repository root)::
+Usage (from the repository root; ``python -m benchmarks core`` runs this with the suite's
+settings)::
 
-    python -m benchmarks.run --out docs                # full run, 2 workers, 12 configs (~12 min)
+    python -m benchmarks.run                           # full run, 2 workers, 12 configs (~12 min)
     python -m benchmarks.run --quick --out /tmp/b      # every scenario at a tiny size (smoke test)
     python -m benchmarks.run --workers 16 --configs 64 --out DIR   # the 16-core GPU machine
-    python -m benchmarks.run --only s9 --workers 2 --out DIR --against REV
+    python -m benchmarks.run --only s9 --workers 2 --against HEAD~1   # before/after of a change
 
 This supervisor imports neither torch nor triton: each scenario runs in a child interpreter of
 its own (which imports them first, as an autotuner's process would), so no scenario inherits
@@ -73,18 +74,24 @@ scenario process did: they notice it through a closed pipe."""
 SCENARIO_TIMEOUT_S = 1800.0
 """A scenario process that runs longer than this is hung: it is killed and reported."""
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+_DEFAULT_OUT = _REPO_ROOT / "benchmarks" / "results" / "core"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="every scenario at a tiny size")
-    p.add_argument("--out", default="docs", help="output directory (default: docs)")
+    p.add_argument("--out", default=str(_DEFAULT_OUT), help="output directory (%(default)s)")
     p.add_argument("--workers", type=int, help="workers (default: 2, or the usable cores if fewer)")
     p.add_argument("--configs", type=int, help="configs in the batch (12; 4 with --quick)")
     p.add_argument("--repeats", type=int, help="runs per strategy, median reported (3; 1 --quick)")
     p.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, e.g. s1,s4")
     p.add_argument("--contention", action="store_true", help="s7: fewer workers, pinned workers")
-    p.add_argument("--against", default="333c6ad", help="s9: the revision to compare")
+    p.add_argument(
+        "--against",
+        default="HEAD",
+        help="s9: a commit (taken with git archive) or a directory holding precompile_executor/; "
+        "default HEAD, the last commit: what uncommitted changes are compared with",
+    )
     for hidden in ("--_scenario", "--_state", "--_t0"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     return p

@@ -130,7 +130,7 @@ def run(ctx: Context) -> Section:
         "hanging task's deadline (submit + 0.5 s timeout). The tasks are functions of "
         "benchmarks/_tasks.py, which the template imported with the initializer: a task whose "
         "module a new worker has not imported yet pays that import before it starts, in every "
-        "replacement (`python -m benchmarks._replace_latency --import MODULE` measures it).",
+        "replacement (about 63 ms for this benchmark's own modules, docs/benchmarks.md).",
         f"Fault batch: the scenario-3 batch (configs + 1 task hung in C + 1 crashing task) on {w} "
         "workers whose initializer imports torch and triton and compiles one unrelated kernel "
         "(for 'template': once, in the template; for 'interpreter': in each new worker); budget "

@@ -1,9 +1,9 @@
 """Scenario 9: warm per-task overhead against another version of the library and the stdlib pool.
 
 Three pools, each measured in a child interpreter of its own: this tree's
-``PrecompileExecutor``, the one of ``--against REV`` (default 333c6ad, a reference revision
-that settles each task on its monitor thread: its ``precompile_executor/`` from ``git archive``,
-first on ``PYTHONPATH``), and
+``PrecompileExecutor``, the one of ``--against REV`` (default ``HEAD``, the last commit, so a
+change not yet committed is measured against the tree before it; its ``precompile_executor/``
+from ``git archive``, first on ``PYTHONPATH``), and
 ``ProcessPoolExecutor(mp_context=fork)``. Rounds interleave them (the order rotates each round),
 so a noisy machine slows all three alike. Each child imports torch and triton (as an autotuner's
 process has), starts the workers with an initializer that imports them too, warms them, then

@@ -4,7 +4,7 @@ The public surface is re-exported here; implementation lives in private modules.
 package imports neither torch nor triton (``precompile_executor.triton`` does, on demand).
 """
 
-from ._base import kill_running_futures
+from ._base import BUSY_SWITCH_INTERVAL_S, kill_running_futures, set_busy_switch_interval
 from ._batch import completed_future, wait_for_all
 from ._costs import Estimate, estimated_cost
 from ._errors import (
@@ -24,7 +24,6 @@ from ._executor import (
     PrecompileExecutor,
     stop_idle_workers,
 )
-from ._handoff import BUSY_SWITCH_INTERVAL_S, set_busy_switch_interval
 from ._process import KILL_GRACE_S
 from ._records import ExecutorStatistics, TaskCounts, TaskResult, TaskTimeline
 from ._worker import worker_device

@@ -9,8 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, wait
 from typing import Any, TypeVar
 
 from ._base import kill_running_futures
-from ._errors import Classification, RemoteError, TaskTimeoutError
-from ._scheduler import classification
+from ._errors import Classification, RemoteError, TaskTimeoutError, classification
 from ._validate import short_repr
 
 log = logging.getLogger("precompile_executor")

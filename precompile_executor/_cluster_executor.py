@@ -17,10 +17,9 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from ._base import BaseExecutor, Call, Path, TaskOptions
+from ._base import BaseExecutor, Call, Path, TaskOptions, handoff
 from ._cluster_state import ClusterState, S
 from ._errors import Classification
-from ._handoff import handoff
 from ._node_pool import TritonCheck, triton_version
 from ._validate import (
     check_count,

@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import logging
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import BrokenExecutor
 from typing import Any, ClassVar, Literal
 
@@ -443,3 +445,26 @@ __all__ = [
     "signal_name",
     "unpickle_error",
 ]
+
+
+def classification(
+    exc: BaseException,
+    hook: Callable[[BaseException], Classification] | None,
+    ignore_errors: bool,
+    default: Classification = "raise",
+) -> Classification:
+    """The one classification rule: ``"debug"`` under ``ignore_errors``; else the ``classify``
+    hook's verdict (``"raise"`` if it raises or answers something else); ``default`` without
+    a hook."""
+    if ignore_errors:
+        return "debug"
+    if hook is None:
+        return default
+    try:
+        verdict = hook(exc)
+    except Exception:  # noqa: BLE001 - a broken hook must not lose the task's error
+        logging.getLogger("precompile_executor").exception(
+            "the classify hook raised; treating the error as 'raise'"
+        )
+        return "raise"
+    return verdict if verdict in ("raise", "warn", "debug") else "raise"

@@ -4,8 +4,8 @@ This module is the local backend of the public layer (:mod:`._base`, which holds
 ``map``, the ``options()`` views, ``batch()``, shutting down): its settings and their validation,
 how a task is sent (pickled for the spawn path, or kept in memory for the fork path, with its
 :class:`._costs.CostKey` and predicted cost), ``warm_up()``, ``statistics()``, ``timeline()``,
-``terminate_workers()``. Scheduling lives in :mod:`._scheduler` (one :class:`Scheduler` per
-executor, the layer's :class:`._base.Backend`), processes in :mod:`._hub` (one per process).
+``terminate_workers()``. Scheduling lives in :mod:`._scheduling` (one :class:`Scheduler` per
+executor, the layer's :class:`._base.Backend`), processes in :mod:`._processes` (one per process).
 
 Data flow of one task (the module that does each step on the right; docs/design.md, "Reading
 the code", walks it)::
@@ -44,7 +44,7 @@ the code", walks it)::
       deadline→ a job kills the worker's process group (SIGTERM, grace, SIGKILL) → its EOF →
                 TaskTimeoutError
 
-Workers belong to the process-wide :class:`._hub.Hub`, not to one executor: ``shutdown()``
+Workers belong to the process-wide :class:`._processes.Hub`, not to one executor: ``shutdown()``
 returns idle workers to it, and the next executor with the same initializer reuses them.
 """
 
@@ -64,16 +64,15 @@ from typing import Any, Literal, TypeVar
 
 import cloudpickle
 
-from ._base import BaseExecutor, Path, TaskOptions, failed_future, serialization_error
+from ._base import BaseExecutor, Path, TaskOptions, failed_future, handoff, serialization_error
 from ._costs import COST_ATTRIBUTE, CostKey, CostModel, Estimate, call_features, features_key
 from ._costs import function_key as _function_key
 from ._costs import shared_model as _shared_model
 from ._errors import Classification
-from ._handoff import handoff
-from ._hub import current_hub, get_hub
+from ._processes import Task, current_hub, get_hub
 from ._records import DEFAULT_IDLE_TIMEOUT_S, ExecutorStatistics, Settings, TaskTimeline
-from ._scheduler import Scheduler, own_callback
-from ._state import Task
+from ._scheduling import Scheduler
+from ._stdlib import own_callback
 from ._validate import (
     check_count,
     check_flag,

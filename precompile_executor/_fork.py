@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from ._errors import CudaInForkError
-from ._messages import Done, encode
+from ._wire import Done, encode
 from ._worker import Call, OutputCapture, become_group_leader, run_calls, with_output
 
 CUDA_IN_FORK_MESSAGE = (
@@ -50,7 +50,7 @@ def fork_task(
     guardian_fd: int,
     close_fds: Sequence[int],
 ) -> tuple[int, Connection]:
-    """Fork a child that runs ``calls`` and sends one :class:`._messages.Done` back.
+    """Fork a child that runs ``calls`` and sends one :class:`._wire.Done` back.
 
     Args:
         task_id: echoed in the child's message.

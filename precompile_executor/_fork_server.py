@@ -3,7 +3,7 @@ workers on request, in milliseconds, already warm.
 
 Runs in a process started by loky (a fresh interpreter, like any spawn worker). It connects to
 the parent, runs the initializer (imports, an optional warm-up compile) with its output captured,
-says hello, and then serves :class:`._messages.ForkWorker` requests. Before every fork it checks
+says hello, and then serves :class:`._wire.ForkWorker` requests. Before every fork it checks
 that forking is safe — one thread, CUDA never initialized — and refuses otherwise (the parent then
 starts that worker as a fresh interpreter and says why in its log). A forked worker closes the
 template's socket, pins itself to its device (``CUDA_VISIBLE_DEVICES`` before anything touches
@@ -24,7 +24,7 @@ import sys
 from multiprocessing.connection import Connection, wait
 from typing import NoReturn
 
-from ._messages import Exited, Forked, ForkRefused, ForkWorker, decode, encode
+from ._wire import Exited, Forked, ForkRefused, ForkWorker, decode, encode
 from ._worker import (
     Startup,
     become_group_leader,

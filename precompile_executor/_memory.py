@@ -176,7 +176,9 @@ class MemoryGuard:
         self._waiting: set[Any] = set()  # schedulers whose head task waits for memory
         self._thread: threading.Thread | None = None
         self._to_measure: list[_Watched] = []  # watched, their shared pages not read yet
-        self._pending = False  # something for start_pending(): a thread or a job to start
+        self.pending = False
+        """Something for :meth:`start_pending`: a thread or a job to start (read without the
+        lock by :meth:`._processes.Hub.run`, so a task with no memory limit costs no call)."""
 
     # -- under the hub's lock ----------------------------------------------------------------
 
@@ -207,14 +209,14 @@ class MemoryGuard:
         self._watched[key] = entry
         if fork_anon is None:
             self._to_measure.append(entry)  # sampled once it is known
-        self._pending = True
+        self.pending = True
 
     def wait_for_memory(self, scheduler: Any, waiting: bool) -> None:
         """Mark ``scheduler`` as waiting for memory (its queue head did not fit) or not (lock
         held)."""
         if waiting:
             self._waiting.add(scheduler)
-            self._pending = True
+            self.pending = True
         else:
             self._waiting.discard(scheduler)
 
@@ -232,10 +234,10 @@ class MemoryGuard:
         under it waits for the new thread while holding it, and a garbage collection in the new
         thread's start that runs a finalizer needing the lock would never end (docs/design.md,
         "Threads: who owns what")."""
-        if not self._pending:
+        if not self.pending:
             return  # whoever sets it calls this once it has released the lock
         with self._lock:
-            self._pending = False
+            self.pending = False
             measure, self._to_measure = self._to_measure, []
             thread = None
             current = self._thread

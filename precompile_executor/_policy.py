@@ -1,6 +1,6 @@
 """Scheduling decisions as pure functions: no locks, no processes, no clocks.
 
-The scheduler (:mod:`._scheduler`) calls these with plain numbers and keys taken under its lock
+The scheduler (:mod:`._scheduling`) calls these with plain numbers and keys taken under its lock
 and acts on what they return, so every rule here is unit-tested without starting a process
 (tests/test_scheduler.py).
 

@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from ._held_io import write_now
+from ._wire import write_now
 
 KILL_GRACE_S = 1.0
 """Seconds between SIGTERM and SIGKILL: long enough for a clean exit, short for a hung ptxas."""
@@ -150,7 +150,7 @@ class Guardian:
             assert proc.stdin is not None
             line = f"{op}{pgid}\n".encode()
             with contextlib.suppress(OSError, ValueError):
-                # The GIL kept when the pipe has room (_held_io.py); the buffer is always empty.
+                # The GIL kept when the pipe has room (_wire.py); the buffer is always empty.
                 if write_now(proc.stdin.fileno(), line) is None:
                     proc.stdin.write(line)
                     proc.stdin.flush()

@@ -1,23 +1,18 @@
 """The immutable records an executor hands back: a task's value with its output, a task's
 timeline, and a snapshot of the executor's counters. Plain frozen dataclasses, no behaviour, so
-every layer (the scheduler that fills them, the facades that return them) can import them; the
-:class:`Settings` an executor is built with; and :class:`Timeline`, where the settler keeps the
-timeline rows until they are read."""
+every layer (the scheduler that fills them, the facades that return them) can import them; and the
+:class:`Settings` an executor is built with."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from ._errors import Classification, TaskTimeoutError, WorkerCrashedError
-
-if TYPE_CHECKING:
-    from ._state import Task
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """Idle workers stay warm this long: an autotuner benchmarks for minutes between compile
@@ -212,58 +207,3 @@ def count_outcome(counts: Tallied, error: BaseException | None) -> None:
         counts.timed_out += 1
     elif isinstance(error, WorkerCrashedError):
         counts.crashed += 1
-
-
-class Timeline:
-    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
-    :data:`TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records only when
-    read (``tuple(settler.timeline)``, lock held) — a frozen dataclass per task costs more on the
-    settle path than the rest of the record keeping."""
-
-    def __init__(self) -> None:
-        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
-
-    def add(self, task: Task, ok: bool) -> None:
-        self._rows.append(
-            (
-                task.id,
-                task.cost,
-                task.path,
-                task.worker_pid,
-                task.n,
-                task.predicted_s,
-                ok,
-                task.queued_at,
-                task.sent_at,
-                task.started_at,
-                task.done_at,
-                task.decoded_at,
-                task.settled_at,
-                weakref.ref(task.future),
-            )
-        )
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __iter__(self) -> Iterator[TaskTimeline]:
-        for row in list(self._rows):
-            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
-            queued, sent, started, done, decoded, settled = times
-            yield TaskTimeline(
-                task_id=task_id,
-                function=cost.function if cost is not None else "",
-                features=cost.features if cost is not None else "",
-                path=path,
-                worker_pid=pid,
-                calls=calls,
-                predicted_s=predicted_s,
-                ok=ok,
-                queued=queued,
-                sent=sent,
-                started=started,
-                done=done,
-                decoded=decoded,
-                settled=settled,
-                future_ref=future_ref,
-            )

@@ -10,8 +10,8 @@ Python changes one of them:
   monitor thread, so a callback added meanwhile waits and then runs on its adder's thread,
   never on the monitor (:func:`future_condition`; docs/design.md, "Threads: who owns what").
 * ``concurrent.futures.Future._done_callbacks`` — the list ``add_done_callback`` appends to,
-  read (never changed) to tell the library's own callbacks from the user's
-  (:func:`done_callbacks`).
+  read (never changed) to tell the library's own callbacks (marked by :func:`own_callback`)
+  from the user's (:func:`done_callbacks`, :func:`user_callbacks`).
 * ``threading._register_atexit`` — a hook that runs at interpreter exit *before* non-daemon
   threads are joined and while thread pools still take work (the stdlib's own
   ``concurrent.futures.thread`` registers its exit with it, bpo-39812), so the hub can let
@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 
 def future_condition(future: Future[Any]) -> threading.Condition:
@@ -89,3 +90,28 @@ def drop_tracker_pipe(tracker: Any) -> None:
         os.close(fd)
     tracker._fd = None
     tracker._pid = None  # not this process's child: never waited for here
+
+
+OWN_CALLBACK = "_precompile_executor_own"
+"""The attribute that marks a done-callback as the library's own (:func:`own_callback`)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def own_callback(fn: _F) -> _F:
+    """Mark ``fn`` as a done-callback the library attaches itself: quick, takes no lock held
+    across a wait, runs no user code — so a future carrying only such callbacks may be set on
+    the monitor (:meth:`._scheduling.Settler.settle_now`; tests/test_settle.py pins which ones
+    a future carries). Marks the function; its bound methods and ``functools.partial`` of it
+    count too."""
+    setattr(fn, OWN_CALLBACK, True)
+    return fn
+
+
+def user_callbacks(future: Future[Any]) -> bool:
+    """Whether ``future`` carries a done-callback that is not the library's own."""
+    for callback in done_callbacks(future):
+        fn = callback.func if isinstance(callback, functools.partial) else callback
+        if not getattr(fn, OWN_CALLBACK, False):
+            return True
+    return False

@@ -1,7 +1,7 @@
 """Worker-side code: runs inside a loky worker (the serve loop) or a forked child (one task).
 
 Nothing here imports the parent-side executor. A worker talks to the parent over one
-``multiprocessing.connection`` socket with the messages of :mod:`._messages`: ``Hello`` once,
+``multiprocessing.connection`` socket with the messages of :mod:`._wire`: ``Hello`` once,
 then for each ``Run`` a ``Started`` (before anything of the task is unpickled or run, so a task
 whose worker dies before that point is known never to have started) and a ``Done``.
 
@@ -29,7 +29,7 @@ import cloudpickle
 
 from . import _stdlib
 from ._errors import ErrorRecord, record_from_exception
-from ._messages import Done, Hello, Outcome, Run, Started, decode, encode, write_frame
+from ._wire import Done, Hello, Outcome, Run, Started, decode, encode, write_frame
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 """One call of a task: ``(fn, args, kwargs)`` (the one definition: every module imports it)."""

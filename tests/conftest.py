@@ -59,9 +59,9 @@ def _is_helper(proc: psutil.Process) -> bool:
 
 
 def _pooled_worker_pids() -> set[int]:
-    from precompile_executor import _hub
+    from precompile_executor import _processes
 
-    hub = _hub.current_hub()
+    hub = _processes.current_hub()
     if hub is None:
         return set()
     with hub.lock:
@@ -217,9 +217,9 @@ def dask_spec_cluster(
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """At the end, stop every pooled worker and check that nothing at all is left."""
-    from precompile_executor import _hub
+    from precompile_executor import _processes
 
-    hub = _hub.current_hub()
+    hub = _processes.current_hub()
     if hub is not None:
         hub.close()
     me = psutil.Process(os.getpid())

@@ -1,7 +1,8 @@
-"""Smoke test of the benchmarks: ``python -m benchmarks.run --quick`` runs every scenario.
+"""The benchmarks as a product: ``python -m benchmarks SUITE`` (its suites, plans, skips and
+runs) and ``python -m benchmarks.run --quick``, which runs every core scenario.
 
-It asserts that the outputs exist and hold each scenario's table — never a timing: the figures
-of a quick run on a shared test machine mean nothing.
+They assert that the outputs exist and hold each benchmark's table — never a timing: the
+figures of a quick run on a shared test machine mean nothing.
 """
 
 from __future__ import annotations
@@ -107,65 +108,117 @@ def test_rows_render_as_one_table_with_dashes_for_missing_values() -> None:
 def test_scenario_9_extracts_only_the_package_of_the_revision(tmp_path: Path) -> None:
     from benchmarks.s9_versus import extract
 
-    known = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", "333c6ad^{commit}"], capture_output=True
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
-    if known.returncode != 0:
-        pytest.skip("this checkout does not have 333c6ad, e.g. a shallow clone")
-    short = extract("333c6ad", tmp_path)
-    assert short.startswith("333c6ad")
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    short = extract("HEAD", tmp_path)
+    assert short == head.stdout.strip()
     assert (tmp_path / "precompile_executor" / "__init__.py").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precompile_executor"]
 
 
-def _run_benchmark(module: str, *argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks.MODULE ARGV`` in the repository; fails the test unless it exits
-    0 within ``timeout`` seconds."""
-    done = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *argv],
+def _entry_point(*argv: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks ARGV`` in the repository, stderr into stdout."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *argv],
         cwd=REPO,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
-@pytest.mark.timeout(180)
-def test_fork_cow_probe_writes_a_row_per_fork_and_reaps_its_children() -> None:
-    done = _run_benchmark("fork_cow_probe", "--forks", "2", timeout=150)
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
-    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 2"]
+def test_every_benchmark_of_every_suite_is_a_module_here() -> None:
+    import importlib.util
+
+    from benchmarks.suites import SUITES
+
+    assert set(SUITES) == {"core", "triton", "helion", "inductor", "cluster"}
+    for suite, (_, benchmarks) in SUITES.items():
+        assert benchmarks, suite
+        for b in benchmarks:
+            assert importlib.util.find_spec(b.module) is not None, (suite, b.module)
+            assert b.compares and b.read, (suite, b.name)
+
+
+@pytest.mark.timeout(60)
+def test_the_entry_point_lists_the_suites_and_prints_each_plan_without_running_it(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.suites import SUITES
+
+    listing = _entry_point(timeout=50)
+    assert listing.returncode == 0, listing.stdout
+    for suite in SUITES:
+        assert f"\n{suite}: " in listing.stdout, listing.stdout
+    for suite, (_, benchmarks) in SUITES.items():
+        out = tmp_path / suite
+        for quick in ([], ["--quick"]):
+            plan = _entry_point(suite, "--plan", *quick, "--out", str(out), timeout=50)
+            assert plan.returncode == 0, plan.stdout
+            for b in benchmarks:
+                assert f"[{b.name}] compares: " in plan.stdout, plan.stdout
+                assert f"runs: python -m {b.module}" in plan.stdout, plan.stdout
+            assert str(out) in plan.stdout and not out.exists()
+
+
+@pytest.mark.timeout(60)
+def test_the_entry_point_refuses_an_unknown_benchmark_and_names_the_known_ones() -> None:
+    done = _entry_point("core", "--only", "nonesuch", timeout=50)
+    assert done.returncode == 2, done.stdout
+    assert "core has no benchmark nonesuch; it has: scenarios (s1…s9), busy-caller" in done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_core_scenario_picked_by_name_and_arguments_after_dashes_are_passed_on() -> None:
+    done = _entry_point(
+        *("core", "--plan", "--only", "s2,s9", "--against", "HEAD~1", "--", "--workers", "16"),
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stdout
+    assert "[busy-caller]" not in done.stdout
+    assert "--against HEAD~1 --only s2,s9 --workers 16" in done.stdout.replace("\n    ", " ")
+
+
+@pytest.mark.timeout(120)
+def test_a_gpu_benchmark_is_skipped_with_a_line_where_torch_sees_no_gpu(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the benchmark would run")
+    done = _entry_point("helion", "--quick", "--out", str(tmp_path), timeout=110)
+    assert done.returncode == 0, done.stdout
+    assert "[autotune] skipped: it needs a CUDA GPU and torch sees none" in done.stdout
+    assert "suite helion: autotune: skipped, no CUDA device here" in done.stdout
+    assert not (tmp_path / "autotune.log").exists()
 
 
 @pytest.mark.timeout(240)
-def test_gil_probe_measures_each_pool_with_and_without_the_hog(tmp_path: Path) -> None:
+def test_the_busy_caller_benchmark_measures_each_pool_with_and_without_the_hog(
+    tmp_path: Path,
+) -> None:
     # --against a directory: the same tree, linked (no git history needed).
-    done = _run_benchmark(
-        "gil_probe",
-        *("--rounds", "1", "--workers", "1", "--tasks", "3", "--task-ms", "1", "--hog-ms", "2"),
-        *("--against", str(REPO)),
+    done = _entry_point(
+        *("core", "--quick", "--only", "busy-caller", "--against", str(REPO)),
+        *("--out", str(tmp_path)),
         timeout=200,
     )
-    runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
-    assert len(runs) == 6 and not any("error" in line for line in runs), done.stdout
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "/" in line]
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "suite core: busy-caller: ok in " in done.stdout
+    log = (tmp_path / "busy-caller.log").read_text()
+    runs = [line for line in log.splitlines() if line.startswith("round 1 ")]
+    assert len(runs) == 6 and not any("error" in line for line in runs), log
+    rows = [line for line in log.splitlines() if line.startswith("| ") and "/" in line]
     assert [row.split(" | ")[0] for row in rows] == [
         "| pool",
         "| this tree",
         "| stdlib ProcessPoolExecutor (fork)",
         f"| against {REPO}",
     ]
-
-
-@pytest.mark.timeout(300)
-def test_exit_probe_times_each_program_to_its_exit(tmp_path: Path) -> None:
-    # --against a directory: the same tree, linked (no git history needed).
-    done = _run_benchmark(
-        "exit_probe", "--rounds", "1", "--modes", "triton", "--against", str(REPO), timeout=280
-    )
-    runs = [line for line in done.stdout.splitlines() if line.startswith("round 1 ")]
-    assert len(runs) == 3 and all("'exit_s'" in line for line in runs), done.stdout
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| triton ")]
-    assert len(rows) == 1 and "failed" not in rows[0], done.stdout
+    ratios = [line for line in log.splitlines() if line.startswith("ratio, this tree ÷ ")]
+    assert [r.split(", with")[0] for r in ratios] == [
+        "ratio, this tree ÷ stdlib ProcessPoolExecutor (fork)",
+        f"ratio, this tree ÷ against {REPO}",
+    ]

@@ -1,4 +1,4 @@
-"""The GIL's hand-off while tasks are in flight (:mod:`precompile_executor._handoff`, docs/design.md
+"""The GIL's hand-off while tasks are in flight (:mod:`precompile_executor._base`, docs/design.md
 "A busy caller"): the process's switch interval is lowered from an executor's first task in
 flight to its last one's end, and put back as it was."""
 
@@ -13,7 +13,7 @@ from concurrent.futures import Future
 import pytest
 
 import precompile_executor
-from precompile_executor import PrecompileExecutor, _handoff
+from precompile_executor import PrecompileExecutor, _base
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +44,7 @@ def pythons_interval() -> Iterator[None]:
     try:
         yield
     finally:
-        precompile_executor.set_busy_switch_interval(_handoff.BUSY_SWITCH_INTERVAL_S)
+        precompile_executor.set_busy_switch_interval(_base.BUSY_SWITCH_INTERVAL_S)
         sys.setswitchinterval(before)
 
 
@@ -58,13 +58,13 @@ def ex() -> Iterator[PrecompileExecutor]:
 def test_the_interval_is_lowered_while_a_task_is_in_flight_and_put_back_after(
     ex: PrecompileExecutor,
 ) -> None:
-    assert _handoff.BUSY_SWITCH_INTERVAL_S < PYTHONS_DEFAULT_S
+    assert _base.BUSY_SWITCH_INTERVAL_S < PYTHONS_DEFAULT_S
     future = ex.options(cost=3).submit(nap, 3)  # the cost: not a task to queue behind
-    assert sys.getswitchinterval() == pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)
     ex.submit(nap, 0.01).result(timeout=60)  # on the other worker
     # Another still in flight: still lowered.
     assert not future.done()
-    assert sys.getswitchinterval() == pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)
     future.result(timeout=60)
     assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))
 
@@ -81,7 +81,7 @@ def test_a_map_a_view_a_failure_and_a_cancel_each_give_the_interval_back(
         held = ex.submit(nap, 10)
         assert held.cancel()
     assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))
-    assert _handoff.handoff.in_flight() == 0
+    assert _base.handoff.in_flight() == 0
 
 
 def test_a_task_refused_at_submit_does_not_hold_the_interval() -> None:
@@ -89,7 +89,7 @@ def test_a_task_refused_at_submit_does_not_hold_the_interval() -> None:
     executor.shutdown()
     with pytest.raises(RuntimeError, match="shutdown"):
         executor.submit(nap, 0)
-    assert _handoff.handoff.in_flight() == 0
+    assert _base.handoff.in_flight() == 0
     assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
 
 
@@ -98,13 +98,13 @@ def test_an_interval_already_lower_and_one_the_program_sets_meanwhile_are_left_a
 ) -> None:
     sys.setswitchinterval(0.0002)
     ex.submit(nap, 0.05).result(timeout=60)
-    assert eventually(lambda: _handoff.handoff.in_flight() == 0)
+    assert eventually(lambda: _base.handoff.in_flight() == 0)
     assert sys.getswitchinterval() == pytest.approx(0.0002)
     sys.setswitchinterval(PYTHONS_DEFAULT_S)
     future = ex.submit(nap, 0.3)
     sys.setswitchinterval(0.002)  # the program's own choice, while ours is in force
     future.result(timeout=60)
-    assert eventually(lambda: _handoff.handoff.in_flight() == 0)
+    assert eventually(lambda: _base.handoff.in_flight() == 0)
     assert sys.getswitchinterval() == pytest.approx(0.002)
 
 
@@ -148,12 +148,12 @@ def test_tasks_in_flight_on_several_threads_and_executors_share_one_count(
         for t in threads:
             t.join(timeout=60)
         assert not errors
-    assert eventually(lambda: _handoff.handoff.in_flight() == 0)
+    assert eventually(lambda: _base.handoff.in_flight() == 0)
     assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
 
 
 def what_the_child_sees() -> tuple[float, int]:
-    return sys.getswitchinterval(), _handoff.handoff.in_flight()
+    return sys.getswitchinterval(), _base.handoff.in_flight()
 
 
 def test_a_forked_child_starts_at_the_programs_interval_and_counts_from_zero(
@@ -162,7 +162,7 @@ def test_a_forked_child_starts_at_the_programs_interval_and_counts_from_zero(
     """A child of the fork path is forked from the caller while its own task (and others) are
     in flight: it neither keeps the lowered interval nor counts its parent's tasks."""
     other = ex.options(cost=3).submit(nap, 3)
-    assert sys.getswitchinterval() == pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)
     interval, in_flight = ex.options(path="fork").submit(what_the_child_sees).result(timeout=60)
     assert interval == pytest.approx(PYTHONS_DEFAULT_S)
     assert in_flight == 0
@@ -184,8 +184,8 @@ def test_the_interval_is_lowered_while_workers_start() -> None:
 
         backend.warm_up = warm_up  # type: ignore[method-assign]
         assert len(fresh.warm_up(timeout=60)) == 2
-        assert seen == [pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)]
-    assert _handoff.handoff.in_flight() == 0
+        assert seen == [pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)]
+    assert _base.handoff.in_flight() == 0
     assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
 
 
@@ -193,13 +193,13 @@ def test_work_started_in_the_background_leaves_the_interval_alone(ex: Precompile
     # An integration whose caller works by itself until the workers answer (Inductor: it
     # compiles in the caller) warms up and probes in the background: nobody waits on that
     # work, and a lower interval would only take the GIL from the caller.
-    with _handoff.in_background():
+    with _base.in_background():
         background = ex.options(cost=3).submit(nap, 3)
         ex.warm_up(60)
         assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
-    assert _handoff.handoff.in_flight() == 0
+    assert _base.handoff.in_flight() == 0
     foreground = ex.submit(nap, 0.5)  # the same thread, outside the block: counted again
-    assert sys.getswitchinterval() == pytest.approx(_handoff.BUSY_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)
     foreground.result(timeout=60)
     background.result(timeout=60)
     assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))

@@ -9,35 +9,35 @@ import socket
 
 import pytest
 
-from precompile_executor import _held_io
+from precompile_executor import _wire
 
 pytestmark = [
     pytest.mark.timeout(30),
-    pytest.mark.skipif(not _held_io.AVAILABLE, reason="no C library to call"),
+    pytest.mark.skipif(not _wire.AVAILABLE, reason="no C library to call"),
 ]
 
 
 def test_a_socket_read_returns_what_is_there_nothing_when_empty_and_b_at_its_end() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        assert _held_io.recv_now(ours.fileno(), 64) is None  # empty: not now, and no wait
+        assert _wire.recv_now(ours.fileno(), 64) is None  # empty: not now, and no wait
         theirs.sendall(b"hello")
-        assert _held_io.recv_now(ours.fileno(), 64) == b"hello"
+        assert _wire.recv_now(ours.fileno(), 64) == b"hello"
         theirs.sendall(b"0123456789")
-        assert _held_io.recv_now(ours.fileno(), 4) == b"0123"  # at most what was asked
-        assert _held_io.recv_now(ours.fileno(), 64) == b"456789"
+        assert _wire.recv_now(ours.fileno(), 4) == b"0123"  # at most what was asked
+        assert _wire.recv_now(ours.fileno(), 64) == b"456789"
         theirs.shutdown(socket.SHUT_WR)
-        assert _held_io.recv_now(ours.fileno(), 64) == b""
+        assert _wire.recv_now(ours.fileno(), 64) == b""
 
 
 def test_a_send_takes_what_fits_and_never_waits_for_a_full_socket() -> None:
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        assert _held_io.send_now(ours.fileno(), b"frame") == 5
+        assert _wire.send_now(ours.fileno(), b"frame") == 5
         assert theirs.recv(64) == b"frame"
         chunk = b"x" * (1 << 20)
         sent = 0
-        while (n := _held_io.send_now(ours.fileno(), chunk)) is not None:
+        while (n := _wire.send_now(ours.fileno(), chunk)) is not None:
             sent += n
         assert sent > 0  # it filled the buffer, then said "not now" instead of blocking
         got = 0
@@ -54,7 +54,7 @@ def test_a_send_to_a_closed_peer_is_refused_without_a_signal() -> None:
     ours, theirs = socket.socketpair()
     theirs.close()
     with ours:
-        assert _held_io.send_now(ours.fileno(), b"frame") is None  # EPIPE, not SIGPIPE
+        assert _wire.send_now(ours.fileno(), b"frame") is None  # EPIPE, not SIGPIPE
         with pytest.raises(OSError):
             ours.send(b"frame")  # the ordinary call reports it
 
@@ -62,15 +62,15 @@ def test_a_send_to_a_closed_peer_is_refused_without_a_signal() -> None:
 def test_a_pipe_write_goes_out_while_there_is_room_and_waits_for_nothing() -> None:
     read_end, write_end = os.pipe()  # blocking, as the guardian's stdin
     try:
-        assert _held_io.write_now(write_end, b"+123\n") == 5
+        assert _wire.write_now(write_end, b"+123\n") == 5
         assert os.read(read_end, 64) == b"+123\n"
         line = b"y" * 512
         written = 0
-        while (n := _held_io.write_now(write_end, line)) is not None:
+        while (n := _wire.write_now(write_end, line)) is not None:
             assert n == len(line)  # whole or not at all
             written += n
         assert written >= 4096  # the pipe filled up; the full pipe answered None at once
-        assert _held_io.write_now(write_end, b"z" * (1 << 16)) is None  # over PIPE_BUF
+        assert _wire.write_now(write_end, b"z" * (1 << 16)) is None  # over PIPE_BUF
         os.set_blocking(read_end, False)
         drained = 0
         while True:
@@ -88,9 +88,9 @@ def test_a_non_blocking_pipe_read_answers_none_when_empty() -> None:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     try:
-        assert _held_io.read_now(read_end, 64) is None
+        assert _wire.read_now(read_end, 64) is None
         os.write(write_end, b"xx")
-        assert _held_io.read_now(read_end, 64) == b"xx"
+        assert _wire.read_now(read_end, 64) == b"xx"
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -100,7 +100,7 @@ def test_every_held_call_is_made_without_releasing_the_gil() -> None:
     # ctypes releases the GIL around a foreign call unless the function comes from a PyDLL,
     # whose functions carry FUNCFLAG_PYTHONAPI (https://docs.python.org/3/library/ctypes.html,
     # "PyDLL"): that flag is what makes these calls cheap under a busy caller.
-    libc = _held_io._libc
+    libc = _wire._libc
     assert libc is not None
     for fn in (libc.send, libc.recv, libc.read, libc.write, libc.poll):
         assert fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI, fn
@@ -112,16 +112,16 @@ def test_a_socket_read_soon_takes_what_comes_within_its_wait_and_gives_up_after_
 
     ours, theirs = socket.socketpair()
     with ours, theirs:
-        assert _held_io.recv_soon(ours.fileno(), 64, 1) is None  # nothing came within 1 ms
+        assert _wire.recv_soon(ours.fileno(), 64, 1) is None  # nothing came within 1 ms
         # Bytes another process sends while it waits are taken: a worker writing the rest of a
         # frame. (Not a thread of this process: the wait keeps the GIL such a thread needs.)
         fd = theirs.fileno()
         code = f"import os, time; time.sleep(0.05); os.write({fd}, b'rest of a frame')"
         sender = subprocess.Popen([sys.executable, "-c", code], pass_fds=[fd])
         try:
-            got = _held_io.recv_soon(ours.fileno(), 64, 20_000)
+            got = _wire.recv_soon(ours.fileno(), 64, 20_000)
         finally:
             sender.wait(20)
         assert got == b"rest of a frame"
         theirs.shutdown(socket.SHUT_WR)
-        assert _held_io.recv_soon(ours.fileno(), 64, 1000) == b""  # the end, at once
+        assert _wire.recv_soon(ours.fileno(), 64, 1000) == b""  # the end, at once

@@ -61,7 +61,7 @@ def imported_modules(name: str, source: str, known: Iterable[str]) -> set[str]:
 
 def declared_layers(text: str) -> list[list[str]]:
     """The first cell of each row of the "## Modules" table: the names of one layer, top first
-    (``_scheduler.py``, ``triton/``, ``__init__.py``)."""
+    (``_scheduling.py``, ``triton/``, ``__init__.py``)."""
     section = text.split("\n## Modules", 1)[1].split("\n## ", 1)[0]
     layers = []
     for line in section.splitlines():
@@ -145,6 +145,27 @@ def test_imports_go_down_the_module_table_of_the_design_doc() -> None:
     graph = _graph()
     index = layer_index(graph, declared_layers(DESIGN.read_text()))
     assert upward_imports(graph, index) == []
+
+
+
+SHARED_LAYER = ("_base", "_batch", "_cluster_executor", "_cluster_state")
+LOCAL_BACKEND = ("_executor", "_scheduling", "_processes")
+
+
+def test_the_layer_every_backend_shares_imports_nothing_of_the_local_backend() -> None:
+    # A cluster backend's caller never loads the local scheduler or the hub; the public layer
+    # depends on contracts (Backend), not on one backend (docs/design.md, "A backend").
+    graph = _graph()
+    reached: set[str] = set()
+    todo = [f"{PACKAGE}.{m}" for m in SHARED_LAYER]
+    while todo:
+        module = todo.pop()
+        for target in graph.get(module, ()):
+            if target not in reached and target != PACKAGE:  # the surface re-exports all
+                reached.add(target)
+                todo.append(target)
+    local = {f"{PACKAGE}.{m}" for m in LOCAL_BACKEND}
+    assert reached & local == set()
 
 
 @pytest.mark.parametrize(

@@ -187,7 +187,7 @@ def test_a_task_past_its_memory_limit_fails_alone(how: str, task: Any) -> None:
     """1 GiB under a 256 MiB limit: TaskMemoryError (a MemoryError and a RemoteError with the
     limit, the peak and the output), killed before it could allocate the whole GiB; the batch's
     other tasks succeed; no process is left (the leak fixture). How soon after the crossing it
-    fails is a figure, not a test: ``benchmarks/limits_probe.py`` measures it."""
+    fails is a figure, not a test: docs/benchmarks.md, "Answers of retired probes"."""
     start = "interpreter" if how == "interpreter" else "template"
     with PrecompileExecutor(3, start=start, memory_limit=LIMIT) as ex:  # type: ignore[arg-type]
         view = ex.options(path="fork") if how == "fork" else ex
@@ -310,7 +310,7 @@ def test_no_thread_is_started_while_the_hubs_lock_is_held(monkeypatch: pytest.Mo
     watcher, the jobs that read a watched task's pages, job and settle threads — only with the
     lock released: checked here over the memory guard's three ways in (a task started on a
     worker, on the fork path, and a scheduler waiting for memory) and over kills and starts."""
-    from precompile_executor._hub import current_hub
+    from precompile_executor._processes import current_hub
 
     violations: list[str] = []
     original = threading.Thread.start

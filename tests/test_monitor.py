@@ -1,4 +1,4 @@
-"""The monitor's reader (:func:`precompile_executor._monitor.read_frames`) against the real
+"""The monitor's reader (:func:`precompile_executor._processes.read_frames`) against the real
 ``multiprocessing.connection`` framing over a real socket pair: bursts, cut frames, the end of
 the stream. The monitor thread itself runs in every test that starts a worker."""
 
@@ -10,7 +10,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from precompile_executor._monitor import READ_CHUNK_BYTES, read_frames
+from precompile_executor._processes import READ_CHUNK_BYTES, read_frames
 
 pytestmark = pytest.mark.timeout(20)
 

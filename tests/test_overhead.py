@@ -29,8 +29,8 @@ import pytest
 from precompile_executor import PrecompileExecutor, RemoteError
 from precompile_executor._costs import MAX_KEYS, CostKey, CostModel
 from precompile_executor._executor import pickle_arguments, pickle_function
-from precompile_executor._messages import write_frame
-from precompile_executor._state import Task
+from precompile_executor._processes import Task
+from precompile_executor._wire import write_frame
 from precompile_executor._worker import FrameReader
 
 pytestmark = pytest.mark.timeout(60)

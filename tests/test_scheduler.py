@@ -8,8 +8,8 @@ from concurrent.futures import Future
 import pytest
 
 from precompile_executor import _policy as policy
-from precompile_executor._messages import Done, Hello, Run, Started, Stop, decode, encode
-from precompile_executor._state import InvalidTransition, Task, TaskState, WorkerHandle
+from precompile_executor._processes import InvalidTransition, Task, TaskState, WorkerHandle
+from precompile_executor._wire import Done, Hello, Run, Started, Stop, decode, encode
 
 pytestmark = pytest.mark.timeout(10)
 

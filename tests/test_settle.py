@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from precompile_executor import PrecompileExecutor
-from precompile_executor._scheduler import user_callbacks
-from precompile_executor._stdlib import done_callbacks
+from precompile_executor._stdlib import done_callbacks, user_callbacks
 
 pytestmark = pytest.mark.timeout(120)
 

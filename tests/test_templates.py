@@ -1,4 +1,4 @@
-"""The warm templates' lifecycle rules (:mod:`precompile_executor._template_lifecycle`), fed events
+"""The warm templates' lifecycle rules (:mod:`precompile_executor._processes`), fed events
 directly: no socket, no process. The same rules with real templates: tests/test_contract.py and
 the fault table in tests/test_faults.py."""
 
@@ -8,9 +8,7 @@ import itertools
 
 import pytest
 
-from precompile_executor._messages import Exited, Forked, ForkRefused
-from precompile_executor._state import WorkerHandle
-from precompile_executor._template_lifecycle import (
+from precompile_executor._processes import (
     EXIT_CODES_KEPT,
     TEMPLATE_FAILURES_BEFORE_FALLBACK,
     AskFork,
@@ -21,7 +19,9 @@ from precompile_executor._template_lifecycle import (
     StartTemplate,
     TemplateLifecycle,
     Watch,
+    WorkerHandle,
 )
+from precompile_executor._wire import Exited, Forked, ForkRefused
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -54,8 +54,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from .. import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
-from .._base import BaseExecutor
-from .._handoff import in_background
+from .._base import BaseExecutor, in_background
 
 log = logging.getLogger("precompile_executor.inductor")
 
@@ -238,7 +237,7 @@ class Readiness:
     asks ``use_process_pool()``, and sends compiles to the pool only once that no-op came back;
     until then it compiles in the caller, so a cold pool never holds a compile up. Here the same
     no-op goes to the executor in scope, once per executor (or view) for the process's life,
-    inside :func:`~precompile_executor._handoff.in_background` (nobody waits for it: the switch
+    inside :func:`~precompile_executor._base.in_background` (nobody waits for it: the switch
     interval stays the program's). A probe that fails (the executor shut down, broken, its
     worker lost) logs one WARNING and leaves that executor's compiles in the caller.
 

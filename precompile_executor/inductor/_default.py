@@ -7,7 +7,7 @@ executor's public API) the first time it is asked for, before ``use()``/``instal
 Inductor to check and patch it, so the template's ``import torch`` and Inductor's imports run
 while the caller imports, traces and compiles its first kernels itself (Inductor compiles in the
 caller until a worker answers: ``_compiles.Readiness``). The warm-up runs inside
-``_handoff.in_background``: the caller's work is what the process waits for meanwhile, so the
+``_base.in_background``: the caller's work is what the process waits for meanwhile, so the
 switch interval stays the program's (docs/inductor.md, "Readiness").
 
 The executor and its warm-up thread are kept in ``_state.STATE`` (``state.reset()`` stops and
@@ -26,7 +26,7 @@ import sys
 import threading
 
 from .. import PrecompileExecutor
-from .._handoff import in_background
+from .._base import in_background
 from ._state import STATE
 from ._worker import import_inductor
 

@@ -55,6 +55,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
+from . import _autotune_guard as _guard
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
 from ._errors import KernelTransferError
@@ -62,7 +63,7 @@ from ._kernel_ref import unwrap_jit_function
 from ._preimport import announce, module_of
 from ._state import STATE
 from ._submit import default_executor
-from ._warm import ConfigCompile, compile_configs, holding_batch
+from ._warm import ConfigCompile, PreHookError, compile_configs, holding_batch
 
 logger = logging.getLogger("precompile_executor.triton.autotune")
 
@@ -158,6 +159,12 @@ def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, An
     if _async_compile.active_mode.get() is not None:
         # Inside the caller's own AsyncCompileMode: Triton's behaviour, untouched.
         return original(autotuner, *args, **kwargs)
+    if _guard.goes_to_stock(autotuner):
+        # A launch of this kernel once missed its workers' compile (already logged): stock
+        # Triton tunes it, compiling each config once (docs/triton.md, "Where each config
+        # compiled").
+        with tuning_lock(autotuner):
+            return original(autotuner, *args, **kwargs)
     with tuning_lock(autotuner):
         tune = Tune(autotuner, executor, args, kwargs)
         token = _running.set((*_running.get(), tune))
@@ -177,6 +184,8 @@ def patched_prune_configs(self: Any, kwargs: dict[str, Any]) -> Any:
     tune = _tune_of(self)
     if tune is not None and tune.configs is None:
         tune.configs = list(pruned)
+    elif tune is None and _guard.goes_to_stock(self):
+        _guard.count(self, stock_tunes=1)
     return pruned
 
 
@@ -231,6 +240,8 @@ class _Entry:
     here: bool = False
     """Its compile was taken back from the executor's queue before any worker started it, and
     compiled in this process by Triton's own launch (``Tune._steal``)."""
+    missed: bool = False
+    """Its launch compiled here a kernel under a key no worker produced (``Tune._guarded``)."""
 
     @property
     def config(self) -> Any:
@@ -271,6 +282,7 @@ class Tune:
         "_executor",
         "_kwargs",
         "_logged",
+        "_stock",
         "autotuner",
         "configs",
     )
@@ -286,6 +298,7 @@ class Tune:
         self._adapter: TritonCompileExecutor | None = None
         self._entries: dict[Any, _Entry] = {}
         self._logged: set[int] | None = None
+        self._stock = False  # the guard saw a miss: the rest of the tune is stock Triton's
 
     def covers(self, config: Any) -> bool:
         """Return whether ``config`` is one of this tune's pruned configs."""
@@ -342,6 +355,9 @@ class Tune:
             future = kernel.future if isinstance(kernel, FutureKernel) else None
             cache, key = jit_cache_slot(kernel) if future is not None else (None, None)
             self._entries[one.config] = _Entry(one, future, cache, key)
+        hook_errors = [one.error for one in compiled if isinstance(one.error, PreHookError)]
+        if hook_errors:
+            self._fall_back(f"{hook_errors[0]}")
             if one.error is not None:
                 logger.debug(
                     "%s: config %s could not be sent to a worker (%s: %s); Triton compiles it "
@@ -472,7 +488,7 @@ class Tune:
             entry.measured = True
             return False
         entry.measured = True
-        return True
+        return not self._stock  # after a miss, Triton's own loop times the rest
 
     def _measure(self, entry: _Entry, bench: Callable[[Any], Any]) -> Any:
         future = entry.future
@@ -495,7 +511,7 @@ class Tune:
                 if is_isolation_failure(exc):
                     self._log_isolated(entry, exc)
                     return list(INF_TIMING)
-        return bench(entry.config)
+        return self._guarded(entry, bench)
 
     def _log_isolated(self, entry: _Entry, exc: BaseException) -> None:
         if self._logged is None:
@@ -523,6 +539,79 @@ class Tune:
             output.rstrip(),
         )
 
+    # -- the guard (docs/triton.md, "Where each config compiled"; _autotune_guard) -------------
+
+    def _guarded(self, entry: _Entry, bench: Callable[[Any], Any]) -> Any:
+        """Triton's ``_bench`` of ``entry``; where a worker was to compile it, a key the launch
+        adds to the JIT's memory cache is a miss: the launch compiled here what the worker's
+        compile should have provided."""
+        if entry.here or entry.future is None or self._stock:
+            return bench(entry.config)
+        before = _guard.jit_cache_keys(self.autotuner)
+        try:
+            return bench(entry.config)
+        finally:
+            if _guard.jit_cache_keys(self.autotuner) - before:
+                self._missed(entry)
+
+    def _missed(self, entry: _Entry) -> None:
+        entry.missed = True
+        kwargs = {k: v for k, v in self._kwargs.items() if k not in _LAUNCH_ONLY}
+        differing = _guard.differing_arguments(
+            self.autotuner,
+            (entry.compiled.args, entry.compiled.kwargs),
+            (self._args, kwargs),
+        )
+        what = "; ".join(
+            f"argument {name!r} specialises as {launch!r} at the launch, as {sent!r} in the "
+            "compile sent to the workers"
+            for name, sent, launch in differing
+        )
+        self._fall_back(
+            f"the launch of config {entry.config} compiled in this process a kernel no worker had "
+            f"compiled: {what or 'an argument, a heuristic or an option differs between them'}"
+        )
+
+    def _fall_back(self, why: str) -> None:
+        """Log ``why`` (once per kernel), tune this kernel as stock Triton from now on, and
+        finish this tune as stock: nothing more is sent, its configs compile here on their
+        turn."""
+        _guard.fall_back(
+            self.autotuner,
+            f"{_name(self.autotuner)}: {why}. Its configs compile in this process from now on, "
+            "as stock Triton compiles them (once each); the kernel's arguments are not ones the "
+            'integration can reproduce before the launch (docs/triton.md, "Where each config '
+            'compiled").',
+        )
+        self._stock = True
+        if self._adapter is not None:
+            self._adapter.shutdown(wait=False, cancel_futures=True)
+        for entry in self._entries.values():
+            if entry.measured or entry.here:
+                continue
+            entry.here = True
+            if entry.cache is not None and isinstance(entry.cache.get(entry.key), FutureKernel):
+                del entry.cache[entry.key]
+
+    def _account(self) -> None:
+        """Add where this tune's configs compiled to the kernel's record."""
+        counts = {"tunes": 1, "workers": 0, "caller": 0, "failed": 0, "cached": 0}
+        for entry in self._entries.values():
+            future = entry.future
+            if entry.compiled.error is not None or entry.here or entry.missed:
+                counts["caller"] += 1
+            elif future is None:
+                counts["cached"] += 1
+            elif not future.done() or future.cancelled():
+                continue  # the tune ended first (an error, Ctrl-C)
+            elif future.exception() is not None:
+                counts["failed"] += 1
+            elif entry.compiled.job is not None and entry.compiled.job.cached:
+                counts["cached"] += 1
+            else:
+                counts["workers"] += 1
+        _guard.count(self.autotuner, **counts)
+
     def close(self, *, failed: bool) -> None:
         """Cancel compiles still queued (and, after an error or Ctrl-C, kill running ones);
         leave the JIT's memory cache holding only kernels that really compiled."""
@@ -530,6 +619,7 @@ class Tune:
         if adapter is None:
             return
         adapter.shutdown(wait=False, cancel_futures=True)
+        self._account()
         if failed:
             from precompile_executor import kill_running_futures
 

@@ -13,6 +13,8 @@
   its background warm-up thread.
 * **What was announced** (:mod:`._preimport`): the kernel modules each executor's workers were
   asked to import ahead of their configs.
+* **Where each kernel's configs compiled** (:mod:`._autotune_guard`): per autotuned kernel, the
+  configs compiled in workers, here and failed, and whether its tunes now go to stock Triton.
 
 The A/B switches ``_autotune_tune.STEALS``, ``_autotune_tune.CONFIRM_MARGIN`` and
 ``_preimport.PREIMPORTS`` are settings, not state: they stay module constants beside the code
@@ -56,6 +58,7 @@ class TritonState:
         default: the default executor, once built (a ``PrecompileExecutor``).
         warming: the default executor's background warm-up thread, once started.
         announced: per executor (weakly), the kernel modules its workers were asked to import.
+        compiles: per ``@triton.jit`` function (weakly), its ``_autotune_guard.KernelCompiles``.
     """
 
     def __init__(self) -> None:
@@ -67,6 +70,7 @@ class TritonState:
         self.default: Executor | None = None
         self.warming: threading.Thread | None = None
         self.announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
+        self.compiles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def executor(self) -> Any:
         """The scope's executor for an autotune starting now in this context: an executor,
@@ -86,16 +90,18 @@ class TritonState:
            process's pool; then ``shutdown(wait=True)``, which that stop has made short;
         3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
            thread, which that stop ends;
-        4. forgets the default executor, its warm-up thread and every announced module: the
-           next ``precompile()`` or ``autotune.use()`` builds a new executor and announces
-           again. :attr:`originals` and the settings (``STEALS``, ``CONFIRM_MARGIN``,
-           ``PREIMPORTS``) are left as they are.
+        4. forgets the default executor, its warm-up thread, every announced module and where
+           each kernel's configs compiled (kernels sent to stock Triton by the guard are tuned
+           through the integration again): the next ``precompile()`` or ``autotune.use()``
+           builds a new executor and announces again. :attr:`originals` and the settings
+           (``STEALS``, ``CONFIRM_MARGIN``, ``PREIMPORTS``) are left as they are.
         """
         self.scope.reset()
         with self.lock:
             default, warming = self.default, self.warming
             self.default = self.warming = None
             self.announced = weakref.WeakKeyDictionary()
+            self.compiles = weakref.WeakKeyDictionary()
         if default is not None:
             terminate = getattr(default, "terminate_workers", None)
             if callable(terminate):

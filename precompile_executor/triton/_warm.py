@@ -20,6 +20,7 @@ fills the JIT's in-memory kernel cache.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import numbers
 import re
@@ -123,6 +124,32 @@ class TensorSpec:
     def data_ptr(self) -> int:
         """Return a fake address: 0 when aligned, else one element past it (never 16-aligned)."""
         return 0 if self.aligned else self.element_size()
+
+    def descriptor(self, block_shape: Sequence[int] | None = None) -> Any:
+        """Return a host ``TensorDescriptor`` over this spec, as
+        ``TensorDescriptor.from_tensor(tensor, block_shape)`` makes one over a tensor.
+
+        A kernel that takes TMA descriptors is warmed with these where its launch passes
+        ``triton.tools.tensor_descriptor.TensorDescriptor`` objects. Specialisation reads the
+        element type and the block shape: give the launch's, or — for configs whose ``pre_hook``
+        sets the block shape, as in Triton's persistent-matmul tutorial — leave it out (a
+        dummy ``[1, …]``, as those libraries write it); each config's hook then sets it on a
+        copy (docs/triton.md, "TMA descriptors and pre_hook").
+
+        Raises:
+            UnsupportedTritonError: this Triton has no host ``TensorDescriptor``
+                (``triton.tools.tensor_descriptor``, Triton 3.4 and later).
+        """
+        descriptor_type = host_descriptor_type()
+        if descriptor_type is None:
+            from ._errors import UnsupportedTritonError
+
+            raise UnsupportedTritonError(
+                "this Triton has no host TensorDescriptor (triton.tools.tensor_descriptor, "
+                "Triton 3.4 and later): warm TMA kernels with a Triton that has one"
+            )
+        shape = list(block_shape) if block_shape is not None else [1] * self.ndim
+        return descriptor_type.from_tensor(self, shape)
 
     def __repr__(self) -> str:
         extra = "" if self.aligned else ", aligned=False"
@@ -290,7 +317,11 @@ class ConfigCompile:
             caller's cache as an earlier config's compile, or the JIT refused the arguments.
         kernel: what the JIT returned: a ``FutureKernel`` (compiling), a ``CompiledKernel``
             (already in memory) or ``None``.
-        error: what the JIT raised for these arguments (a bad argument, an unsendable kernel).
+        error: what the JIT raised for these arguments (a bad argument, an unsendable kernel),
+            or a :class:`PreHookError`.
+        args: the positional arguments the config was compiled for: the launch's, or, where
+            the config's ``pre_hook`` ran, its copies after the hook.
+        kwargs: the keyword arguments likewise.
     """
 
     config: Any
@@ -298,6 +329,93 @@ class ConfigCompile:
     job: CompileJob | None = None
     kernel: Any = None
     error: Exception | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class PreHookError(RuntimeError):
+    """A config's ``pre_hook`` raised when run on copies of the launch's arguments; the error
+    it raised is the ``__cause__``. The config is not sent to a worker."""
+
+
+def host_descriptor_type() -> Any:
+    """Return Triton's host ``TensorDescriptor`` class (``triton.tools.tensor_descriptor``, the
+    same in Triton 3.6 and 3.9), or ``None`` where this Triton has none."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def _is_descriptor(value: Any) -> bool:
+    descriptor_type = host_descriptor_type()
+    return descriptor_type is not None and isinstance(value, descriptor_type)
+
+
+def _holds_descriptor(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return any(_holds_descriptor(v) for v in value)
+    return _is_descriptor(value)
+
+
+def _copy_descriptors(value: Any) -> Any:
+    """``value`` with every host ``TensorDescriptor`` in it (at any depth of tuples, which Triton
+    specialises element by element) replaced by a copy whose list fields (``shape``,
+    ``strides``, ``block_shape``) are lists of their own, so a hook that sets or edits them
+    leaves the caller's descriptor as it was; the tensor under it is shared, never copied."""
+    if isinstance(value, tuple):
+        items = [_copy_descriptors(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if not _is_descriptor(value):
+        return value
+    clone = copy.copy(value)
+    for name, field in list(vars(clone).items()):
+        if isinstance(field, list):
+            setattr(clone, name, list(field))
+    return clone
+
+
+def hooked_arguments(
+    kernel: Any, config: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Return the arguments a launch of ``config`` specialises on: after its ``pre_hook``.
+
+    ``Autotuner._bench`` (Triton 3.6, 3.9) calls ``config.pre_hook(full_nargs)`` right before
+    each launch, with ``full_nargs`` the arguments by name, the call's keyword arguments and
+    the config's. TMA kernels (Triton's persistent-matmul tutorial, Liger's fused MLPs) set
+    their host descriptors' ``block_shape`` there, from the config's block sizes: the launch's
+    signature (``tensordesc<bf16[64, 64]>``) is the hook's, not the dummy the caller built the
+    descriptor with. So where an argument holds a host ``TensorDescriptor``, the hook runs here,
+    on copies of the descriptors (the caller's objects are left as they are), and the config is
+    compiled for the copies. Elsewhere the arguments are returned as given, and the hook is left
+    to Triton: a hook that writes into tensors (zeroing an accumulator) then runs on them only
+    when Triton runs it. docs/triton.md, "TMA descriptors and pre_hook".
+
+    Raises:
+        PreHookError: the hook raised.
+    """
+    if not any(_holds_descriptor(v) for v in (*args, *kwargs.values())):
+        return tuple(args), dict(kwargs)
+    # Copies even without a hook: the compile's arguments stay as they were when it was sent
+    # (the guard compares them with the launch's: _autotune_guard.differing_arguments).
+    copied = [_copy_descriptors(a) for a in args]
+    copied_kwargs = {k: _copy_descriptors(v) for k, v in kwargs.items()}
+    hook = getattr(config, "pre_hook", None) if config is not None else None
+    if hook is None:
+        return tuple(copied), copied_kwargs
+    names = unwrap_jit_function(kernel).arg_names
+    nargs = {**dict(zip(names, copied, strict=False)), **copied_kwargs, **config.all_kwargs()}
+    try:
+        hook(nargs)
+    except Exception as exc:
+        raise PreHookError(
+            f"the pre_hook of config {config} raised {type(exc).__name__}: {exc} (run on copies "
+            "of the launch's descriptor arguments, to compile the config for the block shapes it "
+            "sets)"
+        ) from exc
+    hooked = tuple(nargs[name] for name in names[: len(copied)]) + tuple(copied[len(names) :])
+    return hooked, {k: nargs[k] for k in copied_kwargs}
 
 
 def compile_configs(
@@ -332,12 +450,20 @@ def compile_configs(
         label = _describe(meta)
         before = len(adapter.jobs)
         try:
-            compiled = entry.warmup(*args, grid=WARMUP_GRID, **kwargs, **meta)
+            call_args, call_kwargs = hooked_arguments(kernel, config, args, kwargs)
+        except PreHookError as exc:
+            results.append(ConfigCompile(config, label, error=exc, args=tuple(args)))
+            continue
+        try:
+            compiled = entry.warmup(*call_args, grid=WARMUP_GRID, **call_kwargs, **meta)
         except Exception as exc:  # a bad argument, an unsendable kernel, …
-            results.append(ConfigCompile(config, label, error=exc))
+            results.append(ConfigCompile(config, label, error=exc, args=call_args))
             continue
         jobs = adapter.jobs[before:]
-        results.append(ConfigCompile(config, label, jobs[0] if jobs else None, compiled))
+        job = jobs[0] if jobs else None
+        results.append(
+            ConfigCompile(config, label, job, compiled, args=call_args, kwargs=call_kwargs)
+        )
     return results
 
 

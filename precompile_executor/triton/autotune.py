@@ -39,8 +39,15 @@ compiled behaves as in stock Triton). If every config fails, Triton's final laun
 Triton 3.6 and 3.9 are supported: :func:`use` and :func:`install` check the autotuner's seam and
 refuse anything else with ``UnsupportedTritonError``, patching nothing. See ``docs/triton.md``,
 "With ``@triton.autotune``".
+
+Where each config compiled — in workers, here, failed — per kernel: :func:`statistics`. A kernel
+whose launch specialises otherwise than the compile sent for it (a hook or an argument the
+integration cannot reproduce) is named in one WARNING and tuned by stock Triton from then on;
+host ``TensorDescriptor`` arguments whose configs' ``pre_hook`` sets their block shape (TMA
+kernels) are reproduced: each hook runs on copies of them before its config is sent.
 """
 
+from ._autotune_guard import KernelCompiles, statistics
 from ._autotune_seam import (
     SUPPORTED_TRITON_SERIES,
     check_triton,
@@ -55,11 +62,13 @@ from ._kernel_ref import imports_that_launch
 
 __all__ = [
     "SUPPORTED_TRITON_SERIES",
+    "KernelCompiles",
     "UnsupportedTritonError",
     "check_triton",
     "imports_that_launch",
     "install",
     "installed",
+    "statistics",
     "triton_version",
     "uninstall",
     "use",

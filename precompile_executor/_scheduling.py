@@ -3,11 +3,11 @@ and the settler that sets the task's future.
 
 One :class:`Scheduler` per executor (shared by its ``options()`` views), built from one frozen
 :class:`Settings`; it is the :class:`._base.Backend` the public layer drives and the
-:class:`._state.Owner` the hub reports to. Every method marked "lock held" runs under the hub's
-lock and returns the actions it decided (:mod:`._state`); the caller runs them with
-:meth:`._hub.Hub.run` after releasing the lock. It holds two parts:
+:class:`._processes.Owner` the hub reports to. Every method marked "lock held" runs under the hub's
+lock and returns the actions it decided (:mod:`._processes`); the caller runs them with
+:meth:`._processes.Hub.run` after releasing the lock. It holds two parts:
 
-* :class:`._worker_manager.WorkerManager` — this executor's workers (adopt, start, give back,
+* :class:`WorkerManager` — this executor's workers (adopt, start, give back,
   spares, devices);
 * :class:`Settler` — decodes a resolved task's outcome, classifies it, records its timeline row
   and sets its future (:meth:`Settler.settle` on a settle thread; :meth:`Settler.settle_now` on
@@ -26,26 +26,27 @@ reader follows a task from ``submit`` to its result through six modules (docs/de
 "Reading the code"), this one twice.
 
 Each task carries its predicted cost (:mod:`._costs`), fixed when it is submitted; the queues
-order by :meth:`._state.Task.sort_key` (priority, then the longest predicted, then the oldest).
+order by :meth:`._processes.Task.sort_key` (priority, then the longest predicted, then the oldest).
 When a task's ``Done`` arrives, its in-worker duration (``Started`` to ``Done``) is recorded in
 its cost model; the settle that leaves the executor idle writes the history files.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 import cloudpickle
 
-from . import _policy, _stdlib
+from . import _errors, _policy, _stdlib
 from ._costs import CostModel, shared_model
 from ._errors import (
     AFTER_SHUTDOWN,
@@ -57,67 +58,34 @@ from ._errors import (
     proxy_from_record,
     unpickle_error,
 )
-from ._messages import Done
+from ._processes import (
+    Action,
+    Fork,
+    KillOrder,
+    Launch,
+    Owner,
+    Send,
+    Settle,
+    StopWorker,
+    Task,
+    TaskState,
+    WorkerHandle,
+)
 from ._records import (
+    TIMELINE_LIMIT,
     ExecutorStatistics,
     Settings,
     TaskResult,
     TaskTimeline,
-    Timeline,
     count_outcome,
 )
-from ._state import Action, Fork, KillOrder, Send, Settle, Task, TaskState, WorkerHandle
-from ._worker_manager import WorkerManager
+from ._wire import Done
 
 if TYPE_CHECKING:
-    from ._hub import Hub
+    from ._processes import Hub
+
 
 log = logging.getLogger("precompile_executor")
-
-OWN_CALLBACK = "_precompile_executor_own"
-"""The attribute that marks a done-callback as the library's own (:func:`own_callback`)."""
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def own_callback(fn: _F) -> _F:
-    """Mark ``fn`` as a done-callback the library attaches itself: quick, takes no lock held
-    across a wait, runs no user code — so a future carrying only such callbacks may be set on
-    the monitor (:meth:`Settler.settle_now`; tests/test_settle.py pins which ones a future
-    carries). Marks the function; its bound methods and ``functools.partial`` of it count too."""
-    setattr(fn, OWN_CALLBACK, True)
-    return fn
-
-
-def user_callbacks(future: Future[Any]) -> bool:
-    """Whether ``future`` carries a done-callback that is not the library's own."""
-    for callback in _stdlib.done_callbacks(future):
-        fn = callback.func if isinstance(callback, functools.partial) else callback
-        if not getattr(fn, OWN_CALLBACK, False):
-            return True
-    return False
-
-
-def classification(
-    exc: BaseException,
-    hook: Callable[[BaseException], Classification] | None,
-    ignore_errors: bool,
-    default: Classification = "raise",
-) -> Classification:
-    """The one classification rule: ``"debug"`` under ``ignore_errors``; else the ``classify``
-    hook's verdict (``"raise"`` if it raises or answers something else); ``default`` without
-    a hook."""
-    if ignore_errors:
-        return "debug"
-    if hook is None:
-        return default
-    try:
-        verdict = hook(exc)
-    except Exception:  # noqa: BLE001 - a broken hook must not lose the task's error
-        log.exception("the classify hook raised; treating the error as 'raise'")
-        return "raise"
-    return verdict if verdict in ("raise", "warn", "debug") else "raise"
-
 
 AHEAD_MAX_BYTES = 64 << 10
 """The largest task sent ahead: it waits in the worker's socket until the worker reads it, and
@@ -403,7 +371,7 @@ class Scheduler:
         if task.state is TaskState.QUEUED:
             self.claim(task)
 
-    # -- the hub's reports (lock held; the _state.Owner protocol) ---------------------------------
+    # -- the hub's reports (lock held; the _processes.Owner protocol) -----------------------------
 
     def _close(self, task: Task, outcome: Any) -> list[Action]:
         """The one place a task is resolved: DONE now, its future set by the settler."""
@@ -719,6 +687,61 @@ class Scheduler:
             return tuple(self.settler.timeline)
 
 
+class Timeline:
+    """The :class:`TaskTimeline` records of an executor's settled tasks, the newest
+    :data:`._records.TIMELINE_LIMIT`: kept as plain tuples, one per settle, and made records
+    only when read (``tuple(settler.timeline)``, lock held) — a frozen dataclass per task costs
+    more on the settle path than the rest of the record keeping."""
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[Any, ...]] = deque(maxlen=TIMELINE_LIMIT)
+
+    def add(self, task: Task, ok: bool) -> None:
+        self._rows.append(
+            (
+                task.id,
+                task.cost,
+                task.path,
+                task.worker_pid,
+                task.n,
+                task.predicted_s,
+                ok,
+                task.queued_at,
+                task.sent_at,
+                task.started_at,
+                task.done_at,
+                task.decoded_at,
+                task.settled_at,
+                weakref.ref(task.future),
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[TaskTimeline]:
+        for row in list(self._rows):
+            (task_id, cost, path, pid, calls, predicted_s, ok, *times, future_ref) = row
+            queued, sent, started, done, decoded, settled = times
+            yield TaskTimeline(
+                task_id=task_id,
+                function=cost.function if cost is not None else "",
+                features=cost.features if cost is not None else "",
+                path=path,
+                worker_pid=pid,
+                calls=calls,
+                predicted_s=predicted_s,
+                ok=ok,
+                queued=queued,
+                sent=sent,
+                started=started,
+                done=done,
+                decoded=decoded,
+                settled=settled,
+                future_ref=future_ref,
+            )
+
+
 class Settler:
     """Sets resolved tasks' futures (no lock held on entry; see the module doc) and counts and
     records their outcomes (under the hub's ``lock``).
@@ -770,7 +793,7 @@ class Settler:
         future = task.future
         if not (isinstance(done, Done) and done.plain) or task.want_output:
             return False
-        if user_callbacks(future):
+        if _stdlib.user_callbacks(future):
             return False
         ok, value = self._decoded(task, outcome)
         self._recorded(task, ok, value)
@@ -778,7 +801,7 @@ class Settler:
         # added meanwhile waits for it, then sees the future done and runs on its adder's
         # thread. Only the executor's own callback (no lock, nothing slow) runs here.
         with _stdlib.future_condition(future):
-            late = user_callbacks(future)
+            late = _stdlib.user_callbacks(future)
             if not late:
                 self._set(task, ok, value)
         if late:  # added between the two checks: its callback must not run on the monitor
@@ -880,7 +903,7 @@ class Settler:
         return exc
 
     def _classify(self, exc: BaseException) -> Classification:
-        return classification(exc, self.classify, self.ignore_errors)
+        return _errors.classification(exc, self.classify, self.ignore_errors)
 
 
 def _predicted_now(task: Task) -> float:
@@ -895,3 +918,207 @@ def _start_error(error: BaseException) -> WorkerStartError:
     failed = WorkerStartError(f"no worker could start to run this task: {error}")
     failed.__cause__ = error
     return failed
+
+
+# ----------------------------------------------------------------------------------------------
+# One executor's workers: adopting warm ones from the hub's pool, starting new ones, giving idle
+# ones back, warm spares, balance across devices, stopping idle or starting ones.
+#
+# A :class:`WorkerManager` belongs to one :class:`Scheduler`, which asks it for
+# workers and tells it when one is ready or gone. Every method runs with the hub's lock held and
+# returns the actions it decided (:mod:`._processes`), which the caller runs after releasing the
+# lock. The process-wide registry it takes workers from and gives them back to is the hub's
+# :class:`._processes.WorkerRoster`.
+
+
+class WorkerManager:
+    """The workers one executor holds (hub lock held throughout; see the module doc).
+
+    Args:
+        hub: the process's hub (its roster holds every worker).
+        owner: the scheduler these workers report to.
+        settings: the executor's settings.
+    """
+
+    def __init__(self, hub: Hub, owner: Owner, settings: Settings) -> None:
+        self._hub = hub
+        self._roster = hub.roster
+        self._owner = owner
+        self.max_workers = settings.max_workers
+        self.key = settings.init_blob or b""  # the worker kind: the pickled initializer
+        self.init_blob = settings.init_blob
+        self.idle_timeout_s = settings.idle_timeout_s
+        self.devices = settings.devices
+        self.spare_workers = settings.spare_workers
+        self.start: Literal["template", "interpreter"] = settings.start
+        self.max_tasks_per_child = settings.max_tasks_per_child
+        self.workers: set[WorkerHandle] = set()  # this executor's live workers (both paths)
+        self.idle: list[WorkerHandle] = []  # its idle spawn workers, warmest last
+        self.restarts = 0  # workers replaced after a crash or a kill (statistics)
+
+    # -- the scheduler's questions --------------------------------------------------------------
+
+    def spawn_workers(self) -> list[WorkerHandle]:
+        return [w for w in self.workers if w.kind == "spawn"]
+
+    def busy_by_device(self) -> Counter[str | None]:
+        """Busy workers per device (for :func:`._policy.pick_idle`)."""
+        return Counter(w.device for w in self.workers if w.state == "busy")
+
+    def start_note(self) -> str | None:
+        """Why this executor's workers fell back from a template to interpreters."""
+        if self.start != "template":
+            return None
+        return self._hub.template_refused(self.key)
+
+    def effective_start(self) -> str:
+        """How this executor's workers start now."""
+        if self.start == "template" and self.start_note() is None:
+            return "template"
+        return "interpreter"
+
+    def device_key(self, device: str | None) -> bytes:
+        """The pool key of this executor's workers pinned to ``device``: workers are shared
+        only by executors with the same initializer, device and ``max_tasks_per_child`` (a
+        worker counts its tasks from its start and leaves after that many)."""
+        key = self.key
+        if self.max_tasks_per_child is not None:
+            key += b"|max_tasks=%d" % self.max_tasks_per_child
+        return key if device is None else key + b"|device=" + device.encode()
+
+    # -- adopting, starting and giving back -----------------------------------------------------
+
+    def adopt(self, worker: WorkerHandle) -> None:
+        """Make ``worker`` (ready, idle) one of this executor's."""
+        worker.owner = self._owner
+        worker.idle_timeout_s = self.idle_timeout_s
+        self.workers.add(worker)
+
+    def adopt_pooled(self) -> bool:
+        """Take a warm idle worker from the hub's pool, keeping devices balanced."""
+        for device in self._devices_least_used_first():
+            worker = self._roster.take_pooled(self.device_key(device))
+            if worker is not None:
+                self.adopt(worker)
+                self.idle.append(worker)
+                return True
+        return False
+
+    def give_back(self, worker: WorkerHandle, now: float) -> list[Action]:
+        """An idle worker leaves this executor: to the hub's pool, still warm — unless it ran
+        tasks under ``max_tasks_per_child``: then it stops, so the next executor counts its
+        limit from a fresh process, as the stdlib's pool (one pool, its own processes) does."""
+        self.workers.discard(worker)
+        if worker.max_tasks is not None and worker.tasks_run:
+            self._roster.forget(worker)
+            return [StopWorker(worker, kill=False)]
+        self._roster.put_pooled(worker, now)
+        return []
+
+    def release_idle(self) -> list[Action]:
+        """Give every idle worker back."""
+        now = time.monotonic()
+        actions: list[Action] = []
+        for worker in self.idle:
+            actions += self.give_back(worker, now)
+        self.idle.clear()
+        return actions
+
+    def new_worker(self, *, owned: bool = True) -> Launch:
+        """Register a new spawn worker (a spare when not ``owned``) on the least used device."""
+        device = self._devices_least_used_first()[0]
+        worker = self._roster.new_worker(
+            self.device_key(device),
+            self._owner if owned else None,
+            self.idle_timeout_s,
+            device,
+            start=self.start,
+            template_key=self.key,
+            max_tasks=self.max_tasks_per_child,
+        )
+        if owned:
+            self.workers.add(worker)
+        return Launch(worker, self.init_blob)
+
+    def starts_for(self, waiting: int, in_flight: int, *, spares: bool) -> list[Action]:
+        """Starts for ``waiting`` queued spawn tasks (``in_flight``: the executor's tasks in
+        flight), and with ``spares`` (not after shutdown) the spares to go with them."""
+        spawn = self.spawn_workers()
+        n = _policy.workers_to_start(
+            waiting=waiting,
+            idle=len(self.idle),
+            starting=sum(1 for w in spawn if w.state == "starting"),
+            spawn_workers=len(spawn),
+            in_flight=in_flight,
+            max_workers=self.max_workers,
+        )
+        starts: list[Action] = [self.new_worker() for _ in range(n)]
+        return starts + self.spares_needed() if starts and spares else starts
+
+    def replace(self, worker: WorkerHandle, *, recycled: bool) -> list[Action]:
+        """Keep the pool at strength after ``worker`` died unexpectedly: a warm spare takes its
+        place at once; without one, a replacement starts now, not when the next task comes.
+        ``recycled``: it ran its ``max_tasks_per_child`` (not counted as a restart)."""
+        self.restarts += 0 if recycled else 1
+        if self.adopt_pooled():
+            return self.spares_needed()
+        return [self.new_worker(), *self.spares_needed()]
+
+    def spares_needed(self) -> list[Action]:
+        """Starts that bring the pool's warm spares for this executor up to ``spare_workers``."""
+        if not self.spare_workers:
+            return []
+        keys = {self.device_key(d) for d in (self.devices or [None])}
+        have = sum(
+            1
+            for w in self._roster.workers
+            if w.owner is None and w.state in ("idle", "starting") and w.key in keys
+        )
+        return [self.new_worker(owned=False) for _ in range(self.spare_workers - have)]
+
+    def warm_up_actions(self) -> list[Action]:
+        """Bring this executor to ``max_workers`` spawn workers."""
+        actions: list[Action] = []
+        while len(self.spawn_workers()) < self.max_workers:
+            if not self.adopt_pooled():
+                actions.append(self.new_worker())
+        return actions + self.spares_needed()
+
+    def ready(self) -> bool:
+        """Whether every spawn worker (at least one) has started."""
+        spawn = self.spawn_workers()
+        return bool(spawn) and all(w.state in ("idle", "busy") for w in spawn)
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    def stop_idle(self) -> list[Action]:
+        """Stop this executor's idle workers."""
+        actions: list[Action] = []
+        for worker in self.idle:
+            self._roster.forget(worker)
+            self.workers.discard(worker)
+            actions.append(StopWorker(worker, kill=False))
+        self.idle.clear()
+        return actions
+
+    def stop_starting(self) -> list[Action]:
+        """Stop this executor's workers still starting — a replacement launched just before
+        ``terminate_workers()`` would otherwise say hello afterwards and go to the pool, keeping
+        its template alive too
+        (``tests/test_limits.py::test_terminate_workers_leaves_no_process_and_only_the_monitor``)."""
+        actions: list[Action] = []
+        for worker in [w for w in self.workers if w.state == "starting"]:
+            self._roster.forget(worker)
+            self.workers.discard(worker)
+            actions.append(StopWorker(worker, kill=True))
+        return actions
+
+    def pool_keys(self) -> list[bytes]:
+        """The pool keys of this executor's kind, one per device."""
+        return [self.device_key(device) for device in self.devices or [None]]
+
+    def _devices_least_used_first(self) -> list[str | None]:
+        if not self.devices:
+            return [None]
+        load = Counter(w.device for w in self.spawn_workers())
+        return sorted(self.devices, key=lambda d: load[d])  # stable: ties keep list order

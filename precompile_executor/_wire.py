@@ -1,0 +1,296 @@
+"""The wire messages between the parent and a worker: small named types, one encode/decode.
+
+Parent → worker: :class:`Run`, :class:`Stop`. Worker → parent: :class:`Hello` once, then per
+task :class:`Started` (before the task's code runs, so the parent knows a task that never
+started from one that did) and :class:`Done`. A forked child sends only :class:`Done`.
+Parent → template: :class:`ForkWorker`, :class:`Stop`; template → parent: :class:`Hello`, then
+:class:`Forked` or :class:`ForkRefused` per request and :class:`Exited` per worker it reaps.
+
+Both sides import this module; it imports nothing of the library but the error record.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import select
+import socket
+import struct
+import threading
+from typing import Any, NamedTuple, Union
+
+from ._errors import ErrorRecord
+
+Outcome = tuple[bool, Any]
+"""One call's outcome: ``(True, cloudpickled value)`` or ``(False, ErrorRecord)``."""
+
+
+class Run(NamedTuple):
+    """Run one task: ``blob`` pickles ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``."""
+
+    task_id: int
+    n_calls: int
+    want_output: bool
+    blob: bytes
+
+
+class Stop(NamedTuple):
+    """Leave the serve loop and exit cleanly."""
+
+
+class Hello(NamedTuple):
+    """A new worker is up: ``failure`` is the initializer's error, or ``None``."""
+
+    token: str
+    pid: int
+    failure: ErrorRecord | None
+
+
+class Started(NamedTuple):
+    """The worker took task ``task_id`` and is about to run it."""
+
+    task_id: int
+
+
+class Done(NamedTuple):
+    """Task ``task_id`` finished; ``retire``: this process's CUDA context is broken;
+    ``recycle``: it ran its ``max_tasks_per_child`` and exits. Either way it is replaced.
+    ``plain``: every call succeeded with a small value of a plain type, whose pickle imports
+    and runs nothing when loaded, so the parent may decode it on the monitor thread."""
+
+    task_id: int
+    outcomes: list[Outcome]
+    output: str | None
+    retire: bool = False
+    recycle: bool = False
+    plain: bool = False  # every call returned plain data (see _worker.PLAIN_TYPES)
+
+
+class ForkWorker(NamedTuple):
+    """Parent → template: fork a worker that says hello as ``token`` (pinned to ``device``;
+    leaving after ``max_tasks`` tasks unless ``None``)."""
+
+    token: str
+    capture_path: str
+    device: str | None
+    max_tasks: int | None = None
+
+
+class Forked(NamedTuple):
+    """Template → parent: the worker for ``token`` is process ``pid``."""
+
+    token: str
+    pid: int
+
+
+class ForkRefused(NamedTuple):
+    """Template → parent: forking now would be unsafe (``reason``); start it another way."""
+
+    token: str
+    reason: str
+
+
+class Exited(NamedTuple):
+    """Template → parent: its forked worker ``pid`` ended with ``code`` (negative: signal)."""
+
+    pid: int
+    code: int
+
+
+Message = Union[  # noqa: UP007 - NamedTuples in a runtime alias
+    Run, Stop, Hello, Started, Done, ForkWorker, Forked, ForkRefused, Exited
+]
+_TYPES: dict[str, type[Any]] = {
+    t.__name__: t
+    for t in (Run, Stop, Hello, Started, Done, ForkWorker, Forked, ForkRefused, Exited)
+}
+
+
+def encode(message: Message) -> bytes:
+    """Bytes for ``Connection.send_bytes``: the type's name and its fields, plain pickle."""
+    return pickle.dumps((type(message).__name__, tuple(message)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+FRAME_SIZE = struct.Struct("!i")
+"""``multiprocessing.connection``'s frame header: the body's size."""
+
+FRAME_BIG_SIZE = struct.Struct("!Q")
+"""After a size of -1: the size of a body over 2 GiB."""
+
+_JOIN_LIMIT = 16384  # as multiprocessing.connection: a larger body is not copied to join it
+
+
+def write_frame(fd: int, data: bytes) -> None:
+    """Write ``data`` as one ``multiprocessing.connection`` frame to the blocking socket ``fd``:
+    the bytes ``Connection.send_bytes`` writes, in one ``write`` for a small message and with
+    none of its Python-level layers (a warm task's send is on the monitor's path). Raises
+    ``OSError`` as ``send_bytes`` does (a closed or broken socket)."""
+    n = len(data)
+    big = n > 0x7FFFFFFF
+    header = FRAME_SIZE.pack(-1) + FRAME_BIG_SIZE.pack(n) if big else FRAME_SIZE.pack(n)
+    if n <= _JOIN_LIMIT:
+        _write_all(fd, header + data)
+    else:
+        _write_all(fd, header)
+        _write_all(fd, data)
+
+
+def send_frame(fd: int, data: bytes) -> None:
+    """:func:`write_frame` for the caller's side (the hub): a frame the socket's buffer takes at
+    once is sent keeping the GIL (:func:`send_now`: a thread of the caller busy in C
+    code would otherwise hold it as long as it likes before this thread got it back); the rest,
+    if any, is written as :func:`write_frame` does."""
+    n = len(data)
+    if n > _JOIN_LIMIT:
+        write_frame(fd, data)
+        return
+    frame = FRAME_SIZE.pack(n) + data
+    sent = send_now(fd, frame) or 0
+    if sent < len(frame):
+        _write_all(fd, memoryview(frame)[sent:])
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
+def decode(data: bytes) -> Message:
+    """The message in ``data``; raises ``ValueError`` for anything that is not one of ours."""
+    try:
+        name, fields = pickle.loads(data)
+        message: Message = _TYPES[name](*fields)
+    except Exception as exc:  # noqa: BLE001 - garbled or foreign bytes
+        raise ValueError(f"not a precompile_executor message: {exc}") from exc
+    return message
+
+
+# ----------------------------------------------------------------------------------------------
+# System calls that cannot block, made without giving up the interpreter lock.
+#
+# CPython releases the GIL around every ``os.read``, ``os.write`` and socket call, so that a call
+# that blocks lets other threads run. For a call that cannot block — a read of a socket that
+# ``poll`` said is readable, a write into a socket buffer with room, both with ``MSG_DONTWAIT`` —
+# the release buys nothing, and it has a price whenever another thread of the caller is waiting
+# for the lock: that thread takes it at once and keeps it until it next gives it up. A caller
+# busy in C code (Triton's compiler in the caller, ``sorted()`` of a big list, Inductor's C
+# passes) keeps it for tens of milliseconds, so each release by the monitor thread costs that
+# long; a task's round trip made three of them (its ``Done`` read, the next ``Run`` written,
+# the poll). Measured by ``benchmarks/gil_probe.py`` (docs/benchmarks.md).
+#
+# The functions here call the C library through :class:`ctypes.PyDLL`, which keeps the GIL
+# across the call, and only in a form that returns at once (``MSG_DONTWAIT``; a pipe that a
+# zero-timeout ``poll`` says has room; a non-blocking pipe) — or, for the rest of a frame another
+# process is writing now, within a wait of a few milliseconds at most (:func:`recv_soon`).
+# Whatever they cannot do now they leave to the caller's usual, releasing path: ``None`` means
+# "not now", never "done". Without a C library to load, every function answers ``None`` and the
+# ordinary calls do all the work.
+# docs/design.md, "System calls that keep the GIL".
+
+
+def _load() -> ctypes.PyDLL | None:
+    """The C library, its functions declared, called keeping the GIL; ``None`` if unloadable."""
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        libc.send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+        libc.recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+        libc.write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        libc.poll.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int]
+    except (OSError, AttributeError):  # no C library to call (not a POSIX build)
+        return None
+    for fn in (libc.send, libc.recv, libc.read, libc.write):
+        fn.restype = ctypes.c_ssize_t
+    libc.poll.restype = ctypes.c_int
+    return libc
+
+
+_libc = _load()
+
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)  # a closed peer is EPIPE, not SIGPIPE
+if not _DONTWAIT:
+    _libc = None  # no flag to make a socket call return at once
+AVAILABLE = _libc is not None
+"""Whether the held calls are made (else every function here answers ``None``)."""
+
+
+_buffers = threading.local()
+
+
+def _buffer(size: int) -> ctypes.Array[ctypes.c_char]:
+    """This thread's read buffer, at least ``size`` bytes (kept: a 64 KiB buffer made and
+    zeroed for every read cost more than the read)."""
+    buffer: ctypes.Array[ctypes.c_char] | None = getattr(_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _buffers.buffer = ctypes.create_string_buffer(size)
+    return buffer
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def send_now(fd: int, data: bytes) -> int | None:
+    """Send what of ``data`` the socket ``fd`` takes now; the bytes sent, or ``None`` when it
+    took nothing (full, interrupted, or an error: the caller's ordinary write reports it)."""
+    if _libc is None:
+        return None
+    sent = _libc.send(fd, data, len(data), _DONTWAIT | _NOSIGNAL)
+    return sent if sent > 0 else None
+
+
+def recv_now(fd: int, size: int) -> bytes | None:
+    """Up to ``size`` bytes the socket ``fd`` holds now (``b""``: its end); ``None`` when it
+    holds nothing yet or is not a socket (the caller reads it the ordinary way)."""
+    if _libc is None:
+        return None
+    buffer = _buffer(size)
+    got = _libc.recv(fd, buffer, size, _DONTWAIT)
+    if got < 0:
+        return None
+    return ctypes.string_at(buffer, got)  # copies what came, not the whole buffer
+
+
+def recv_soon(fd: int, size: int, wait_ms: int) -> bytes | None:
+    """Up to ``size`` bytes of the socket ``fd``, waiting at most ``wait_ms`` for the first of
+    them with the GIL kept (``b""``: its end); ``None`` when none came in that time, or on an
+    error (the caller's ordinary read waits or reports it). For the rest of a frame whose sender
+    is writing it now: it comes within microseconds, and each wait with the GIL released costs
+    a busy caller's thread a switch interval (docs/design.md, "System calls that keep the
+    GIL")."""
+    if _libc is None:
+        return None
+    slot = _PollFd(fd, select.POLLIN, 0)
+    if _libc.poll(ctypes.byref(slot), 1, wait_ms) != 1:
+        return None
+    return recv_now(fd, size)
+
+
+def read_now(fd: int, size: int) -> bytes | None:
+    """Up to ``size`` bytes from the non-blocking pipe ``fd``; ``None`` when it holds nothing."""
+    if _libc is None:
+        return None
+    buffer = _buffer(size)
+    got = _libc.read(fd, buffer, size)
+    if got < 0:
+        return None
+    return ctypes.string_at(buffer, got)
+
+
+def write_now(fd: int, data: bytes) -> int | None:
+    """Write ``data`` (at most ``PIPE_BUF`` bytes: a pipe takes them whole or not at all) to
+    the pipe ``fd`` if it has room now — a ``poll`` that does not wait says so, so the write
+    cannot block even on a blocking pipe; the bytes written, or ``None``: nothing written."""
+    if _libc is None or len(data) > select.PIPE_BUF:
+        return None
+    slot = _PollFd(fd, select.POLLOUT, 0)
+    if _libc.poll(ctypes.byref(slot), 1, 0) != 1 or slot.revents != select.POLLOUT:
+        return None  # full, closed or in error: the ordinary write waits or reports it
+    written = _libc.write(fd, data, len(data))
+    return written if written > 0 else None
