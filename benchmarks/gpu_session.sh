@@ -4,6 +4,8 @@
 #   bash benchmarks/gpu_session.sh starts    # s8: warm templates vs interpreters (16 workers)
 #   bash benchmarks/gpu_session.sh ordering  # s7: ordering by predicted cost (16 workers, 64 configs)
 #   bash benchmarks/gpu_session.sh helion    # the Helion benchmark (benchmarks.helion_bench)
+#   bash benchmarks/gpu_session.sh helion-hung  # its softmax (a compile that hangs) and bmm scenarios:
+#     native fork / with use(): / install() first, 2 interleaved rounds, in one call of ≤ 9 min
 #   bash benchmarks/gpu_session.sh versus    # s9: per-task overhead vs AGAINST + the stdlib pool
 #     (AGAINST: a directory holding an extracted precompile_executor/, e.g. carry .baseline made by
 #     `mkdir .baseline && git archive REV precompile_executor | tar -x -C .baseline`: the
@@ -11,6 +13,8 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # the memory-limit tests on torch+triton workers
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh tma       # a TMA-descriptor GEMM-with-epilogue layer (3 kernels whose
+#     configs' pre_hooks set the descriptors), first training step: stock vs use() vs install()
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
 #   bash benchmarks/gpu_session.sh inductor-train  # torch.compile default mode, a Llama-style training
@@ -107,6 +111,18 @@ case "${1:-tests}" in
       --timeout "${HELION_SCENARIO_TIMEOUT:-240}" --rounds "${HELION_ROUNDS:-3}" \
       --deadline "${HELION_DEADLINE:-540}" ${HELION_ONLY:+--only $HELION_ONLY} \
       ${HELION_MODES:+--modes $HELION_MODES} 2>&1 | tee "$OUT/helion-bench.log" | tail -60 ;;
+  helion-hung)
+    # softmax 8192×4096 (24 configs, one whose compile hangs past Helion's 60 s timeout: named in
+    # the report's timeouts table) and bmm 16×1024³ (32 configs), native-fork / ours-fork /
+    # install-fork per round. Round 1 runs whole; a later round of a scenario starts only if its
+    # round-1 times say it ends before HELION_DEADLINE (505 s), so the call ends inside 9 minutes.
+    # From the issue's H100 figures a round takes ~270 s (softmax ~180, bmm ~90): softmax gets its
+    # second round, bmm's usually does not fit; HELION_ONLY=bmm in a second call (~180 s) gives it
+    # two, and `python -m benchmarks.helion_bench --merge A.json B.json` puts the rows together.
+    timeout "${HELION_TIMEOUT:-525}" python3 -m benchmarks.helion_bench --out "$OUT/helion-hung.md" \
+      --timeout "${HELION_SCENARIO_TIMEOUT:-150}" --rounds "${HELION_ROUNDS:-2}" \
+      --deadline "${HELION_DEADLINE:-505}" --only ${HELION_ONLY:-softmax bmm} \
+      --modes ${HELION_MODES:-native-fork ours-fork install-fork} 2>&1 | tee "$OUT/helion-hung.log" | tail -40 ;;
   autotune)
     # The tests (CPU ones and the injected segfault/hang on the GPU), then the benchmark:
     # each scenario a fresh process with a cold Triton cache (see benchmarks/triton_autotune_bench.py).
@@ -130,6 +146,17 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  tma)
+    # benchmarks/triton_library_bench.py --libraries tma-gemm: precompile_executor/examples/
+    # tma_kernels.py's silu(x @ w.T + b) at 4096^3 bf16, forward + backward, 3 autotuned kernels of
+    # 16 configs whose pre_hooks set host TensorDescriptor block shapes. TMA_ROUNDS (2) interleaved
+    # rounds of stock, use(), install(), each a fresh process with a cold Triton cache, then the
+    # chosen-kernel check (TMA_CHECK=0 skips it). Each run is appended to $OUT/tma-runs.jsonl as it
+    # ends, so a call cut short still leaves its runs. Needs no wheel beyond loky.
+    timeout "${TMA_TIMEOUT:-540}" python3 -m benchmarks.triton_library_bench --libraries tma-gemm \
+      --out "$OUT/tma-bench.md" --rounds "${TMA_ROUNDS:-2}" --results "$OUT/tma-runs.jsonl" \
+      --timeout "${TMA_RUN_TIMEOUT:-200}" $([ "${TMA_CHECK:-1}" = 0 ] && echo --no-check) \
+      ${TMA_MODES:+--modes $TMA_MODES} 2>&1 | tee "$OUT/tma-bench.log" | tail -80 ;;
   fleet)
     # benchmarks/fleet_bench.py: a dask scheduler and 2 workers × 8 threads on 127.0.0.1 with
     # CUDA hidden serve a 48-config @triton.autotune GEMM and a Helion autotune (stock/native,

@@ -171,7 +171,8 @@ SUITES: dict[str, tuple[str, tuple[Benchmark, ...]]] = {
             Benchmark(
                 "autotune",
                 "benchmarks.helion_bench",
-                "Helion autotuning (skewed softmax with timeouts, matmul RandomSearch, LFBO), "
+                "Helion autotuning (skewed softmax with timeouts, matmul RandomSearch, LFBO, "
+                "softmax with a compile that hangs, bmm), "
                 "whole process: Helion's native fork mode against precompile_executor.helion, "
                 "rounds interleaved",
                 "'vs native-fork' (whole process) per scenario and mode",
@@ -399,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [b for b in benchmarks if not names or {b.name, *b.parts} & set(names)]
     parts = {b.name: [p for p in b.parts if p in names and b.name not in names] for b in chosen}
     date = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    out: Path = args.out or RESULTS_DIR / f"{args.suite}-{date}"
+    # Absolute: the children run at the repository's root, not where this was started.
+    out: Path = (args.out or RESULTS_DIR / f"{args.suite}-{date}").resolve()
     print(_wrap(f"suite {args.suite}: {about}"))
     print(f"output: {out}" + (" (not written: --plan)" if args.plan else ""))
     for b in chosen:

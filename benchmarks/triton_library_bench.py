@@ -2,12 +2,12 @@
 
     python -m benchmarks.triton_library_bench [--libraries fla,liger-dyt]
         [--modes stock,use,install] [--rounds 3] [--alternations 10] [--out FILE.md]
-        [--results RUNS.jsonl] [--timeout S] [--plan]
+        [--results RUNS.jsonl] [--timeout S] [--plan] [--dry-run]
 
-Needs a CUDA GPU (``--plan`` and ``--help`` do not). Each run is a fresh interpreter with a cold
-Triton cache (its own ``TRITON_CACHE_DIR``) that imports the library, builds the layer's inputs
-and runs its first training step — forward, then backward (autograd's own threads run the
-backward's kernels) — in one of three modes:
+Needs a CUDA GPU (``--plan``, ``--help`` and ``--dry-run`` do not). Each run is a fresh
+interpreter with a cold Triton cache (its own ``TRITON_CACHE_DIR``) that imports the library,
+builds the layer's inputs and runs its first training step — forward, then backward
+(autograd's own threads run the backward's kernels) — in one of three modes:
 
 * ``stock`` — Triton's autotuner as it is;
 * ``use`` — ``with precompile_executor.triton.autotune.use():`` around the step (the default
@@ -43,10 +43,25 @@ wheels need no compiler):
   its DyT layer (``liger_kernel.ops.dyt.LigerDyTFunction``), one forward and one backward
   kernel of 18 configs each over small elementwise tiles — the case bounded by benchmarking,
   where compiles are short and every config's ``do_bench`` (~0.13 s) dominates.
+* ``tma-gemm`` (not run by default) — the TMA-descriptor GEMM-with-epilogue layer of
+  ``precompile_executor.examples.tma_kernels``, ``silu(x @ w.T + b)`` at 4096³ in bf16: three
+  autotuned kernels (forward, ``dx``, ``dw``) of 16 configs each, whose host
+  ``TensorDescriptor`` arguments are built with a dummy block shape that each config's
+  ``pre_hook`` sets (the pattern of Triton's persistent-matmul tutorial and Liger's fused MLPs).
+  ``bash benchmarks/gpu_session.sh tma`` runs it; its runs also record, per kernel, where each
+  config compiled (``autotune.statistics()``: workers, here, failed) and the layer's error
+  against torch.
 * ``liger-moe`` (not run by default) — its fused mixture-of-experts layer
   (``liger_kernel.ops.fused_moe.LigerFusedMoEFunction``): seven grouped-GEMM kernels, forward
   and backward, 16 to 40 configs each (about 200): a few big autotuned GEMMs; estimated at well
   over a minute of stock time.
+
+``--dry-run`` runs the whole benchmark on a CPU, compile-only: Triton's driver is a dry-run
+sm_90 whose launches do nothing, ``do_bench`` launches once and returns 1 ms, the layers are
+built at a small size on the CPU, and each autotuned kernel keeps its first two configs — every
+compile is real (workers and caller), nothing is timed that means anything. It exists so that a
+GPU session does not fail on a typo (only ``tma-gemm`` supports it: the other layers need CUDA
+at import or in torch ops).
 
 ``flag-gems`` was considered and left out: its kernels tune through ``LibTuner``, a subclass of
 ``Autotuner`` that replaces ``run`` (and keeps its own on-disk timing cache), so neither stock
@@ -71,7 +86,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LIBRARIES = ("fla", "liger-dyt", "liger-moe")
+LIBRARIES = ("fla", "liger-dyt", "liger-moe", "tma-gemm")
 DEFAULT_LIBRARIES = ("fla", "liger-dyt")
 """``liger-moe`` tunes about 200 GEMM configs (est. 1.5 min of stock time on an H200): run it
 when the device time is there (``--libraries liger-moe``)."""
@@ -164,11 +179,113 @@ def _liger_moe_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return forward, backward
 
 
+DRY_RUN = {"on": False}
+"""Whether this process runs ``--dry-run`` (see the module docstring)."""
+DRY_RUN_CONFIGS = 2
+"""Configs each autotuned kernel keeps in a ``--dry-run`` (compiles on a CPU are slow)."""
+CHECKS: dict[str, Callable[[], dict[str, float]]] = {}
+"""Per library, what the child computes after the timed step: the step's error against torch."""
+
+
+def _tma_gemm_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """``precompile_executor.examples.tma_kernels.linear_silu``: 4096 × 4096 × 4096, bf16 (256³
+    on the CPU of a ``--dry-run``)."""
+    import torch
+
+    from precompile_executor.examples import tma_kernels
+
+    torch.manual_seed(0)
+    dev = "cpu" if DRY_RUN["on"] else "cuda"
+    m = n = k = 256 if DRY_RUN["on"] else 4096
+    dt = torch.bfloat16
+    x = torch.randn(m, k, device=dev, dtype=dt, requires_grad=True)
+    w = (torch.randn(n, k, device=dev, dtype=dt) * k**-0.5).requires_grad_()
+    b = torch.randn(n, device=dev, dtype=dt, requires_grad=True)
+    grad = torch.randn(m, n, device=dev, dtype=dt)
+    outputs: dict[str, Any] = {}
+
+    def forward() -> Any:
+        outputs["y"] = tma_kernels.linear_silu(x, w, b)
+        return outputs["y"]
+
+    def backward(out: Any) -> None:
+        out.backward(grad)
+
+    def check() -> dict[str, float]:
+        if DRY_RUN["on"]:
+            return {}
+        xr, wr, br = (t.detach().float().requires_grad_() for t in (x, w, b))
+        yr = torch.nn.functional.silu(xr @ wr.T + br)
+        yr.backward(grad.float())
+        return {
+            name: float((ours.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+            for name, ours, ref in (
+                ("y", outputs["y"], yr),
+                ("dx", x.grad, xr.grad),
+                ("dw", w.grad, wr.grad),
+                ("db", b.grad, br.grad),
+            )
+        }
+
+    CHECKS["tma-gemm"] = check
+    return forward, backward
+
+
 STEPS: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[Any], None]]]] = {
     "fla": _fla_step,
     "liger-dyt": _liger_dyt_step,
     "liger-moe": _liger_moe_step,
+    "tma-gemm": _tma_gemm_step,
 }
+
+
+def install_dry_run() -> None:
+    """``--dry-run``: Triton's active driver becomes a dry-run sm_90 (compiles real, launches
+    recorded nowhere), ``triton.testing.do_bench`` launches once and returns 1 ms, and every
+    ``@triton.autotune`` made from now on keeps its first :data:`DRY_RUN_CONFIGS` configs."""
+    import triton
+    import triton.testing
+    from triton.runtime import autotuner
+    from triton.runtime.driver import driver
+
+    from precompile_executor.triton import CompileOnlyDriver, parse_target
+
+    class _Utils:
+        def get_device_properties(self, device: Any) -> dict[str, int]:
+            return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+        def load_binary(self, *args: Any) -> tuple[Any, ...]:
+            return None, None, 32, 0, 1024  # module, function, registers, spills, threads
+
+    class DryRunGPU(CompileOnlyDriver):
+        def __init__(self) -> None:
+            super().__init__(parse_target("cuda:90"))
+            self.utils = _Utils()
+            self.launcher_cls = lambda src, metadata: lambda *args: None
+
+        def get_benchmarker(self) -> Any:
+            return triton.testing.do_bench
+
+    def do_bench(fn: Any, *args: Any, quantiles: Any = None, **kwargs: Any) -> Any:
+        fn()
+        return [1.0] * len(quantiles) if quantiles else 1.0
+
+    original_init = autotuner.Autotuner.__init__
+
+    def init(self: Any, fn: Any, arg_names: Any, configs: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, fn, arg_names, list(configs)[:DRY_RUN_CONFIGS], *args, **kwargs)
+
+    DRY_RUN["on"] = True
+    triton.testing.do_bench = do_bench
+    autotuner.Autotuner.__init__ = init
+    driver.set_active(DryRunGPU())
+
+
+def _synchronize() -> None:
+    if not DRY_RUN["on"]:
+        import torch
+
+        torch.cuda.synchronize()
 
 
 # -- what a run observes (child side) -----------------------------------------------------------
@@ -301,6 +418,8 @@ def _spans_in(
 def child(library: str, mode: str, out: Path) -> None:
     """One run: import, build the layer, time its first step, write a JSON result."""
     origin = time.perf_counter()
+    if DRY_RUN["on"]:
+        install_dry_run()
     observer = Observer()
     observer.install()  # imports triton, in every mode
     if mode == "install":
@@ -309,10 +428,10 @@ def child(library: str, mode: str, out: Path) -> None:
         pe_autotune.install()
     import contextlib
 
-    import torch
+    import torch  # noqa: F401 - imported before the layer, as a training script does
 
     forward, backward = STEPS[library]()
-    torch.cuda.synchronize()
+    _synchronize()
     ready_s = time.perf_counter() - origin
     block: Any = contextlib.nullcontext()
     if mode == "use":
@@ -322,14 +441,18 @@ def child(library: str, mode: str, out: Path) -> None:
     start = time.perf_counter()
     with block:
         output = forward()
-        torch.cuda.synchronize()
+        _synchronize()
         forward_s = time.perf_counter() - start
         backward(output)
-        torch.cuda.synchronize()
+        _synchronize()
     step_s = time.perf_counter() - start
     tunes = observer.summary(origin)
     executor: dict[str, Any] = {}
+    compiles: dict[str, Any] = {}
     if mode != "stock":
+        import dataclasses
+
+        from precompile_executor.triton import autotune as pe_autotune
         from precompile_executor.triton import state
 
         assert state.default is not None, "the block ran without building the default executor"
@@ -337,6 +460,9 @@ def child(library: str, mode: str, out: Path) -> None:
         # completed: compiles and module imports in workers; cancelled: configs taken back
         # from the queue and compiled by the tune's own thread.
         executor = {"completed": stats.completed, "cancelled": stats.cancelled}
+        # Per kernel: configs compiled in workers, here, failed (and why it went to stock).
+        compiles = {k: dataclasses.asdict(v) for k, v in pe_autotune.statistics().items()}
+    check = CHECKS[library]() if library in CHECKS else {}
     result = {
         "library": library,
         "mode": mode,
@@ -347,6 +473,8 @@ def child(library: str, mode: str, out: Path) -> None:
         "tune_s": sum(t["tune_s"] or 0.0 for t in tunes),
         "floor_s": sum(t["floor_s"] for t in tunes),
         "executor": executor,
+        "compiles": compiles,
+        "error_vs_torch": check,
         "package": _package_digest(),
     }
     out.write_text(json.dumps(result))
@@ -355,6 +483,8 @@ def child(library: str, mode: str, out: Path) -> None:
 def check_child(library: str, choices_path: Path, alternations: int, out: Path) -> None:
     """The chosen-kernel check: stock Triton runs the step; at each tune whose key the modes
     chose differently, time each mode's choice with stock's ``_bench``, alternating."""
+    if DRY_RUN["on"]:
+        install_dry_run()
     from triton.runtime.autotuner import Autotuner
 
     choices: dict[str, dict[str, dict[str, str]]] = json.loads(choices_path.read_text())
@@ -394,11 +524,11 @@ def check_child(library: str, choices_path: Path, alternations: int, out: Path) 
         return [named[stock]] if stock in named else pruned
 
     Autotuner.prune_configs = prune_configs
-    import torch
+    import torch  # noqa: F401 - imported before the layer, as a training script does
 
     forward, backward = STEPS[library]()
     backward(forward())
-    torch.cuda.synchronize()
+    _synchronize()
     out.write_text(json.dumps({"library": library, "checks": rows, **seen}))
 
 
@@ -421,6 +551,8 @@ def run(argv: list[str], timeout_s: float) -> tuple[dict[str, Any], float]:
     out = scratch / "result.json"
     env = dict(os.environ, TRITON_CACHE_DIR=str(scratch / "triton-cache"))
     cmd = [sys.executable, "-m", "benchmarks.triton_library_bench", *argv, "--json", str(out)]
+    if DRY_RUN["on"]:
+        cmd.append("--dry-run")
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -588,6 +720,70 @@ def against_floor(
     return lines
 
 
+def where_compiled(
+    results: dict[tuple[str, str], list[dict[str, Any]]], lib: str, modes: list[str]
+) -> list[str]:
+    """Per kernel and mode, where its configs compiled (``autotune.statistics()``, median over
+    runs): in workers, here, failed; and whether the guard handed it to stock Triton."""
+    rows: list[str] = []
+    for mode in modes:
+        per_kernel_counts: dict[str, list[dict[str, Any]]] = {}
+        for r in results[(lib, mode)]:
+            for kernel, counts in (r.get("compiles") or {}).items():
+                per_kernel_counts.setdefault(kernel, []).append(counts)
+        for kernel, runs in per_kernel_counts.items():
+            cells = [
+                _fmt(_median([float(c[field]) for c in runs]), 0)
+                for field in ("tunes", "workers", "caller", "failed", "stock_tunes")
+            ]
+            stock = sum(1 for c in runs if c.get("stock_reason"))
+            lines = f"| `{kernel.rsplit('.', 1)[-1]}` | {mode} | " + " | ".join(cells)
+            rows.append(lines + f" | {stock} of {len(runs)} |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Where each config compiled (`autotune.statistics()`, median over runs): in workers, in "
+        "this process, failed; tunes handed to stock Triton; runs whose kernel the guard sent "
+        "to stock (one WARNING each).",
+        "",
+        "| kernel | mode | tunes | workers | here | failed | stock tunes | sent to stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
+def chosen_configs(
+    results: dict[tuple[str, str], list[dict[str, Any]]], lib: str, modes: list[str]
+) -> list[str]:
+    """Per tune, the config each mode chose in its median run, and whether it is stock's."""
+    choices = {mode: choices_of(results[(lib, mode)]) for mode in modes}
+    stock = choices.get("stock", {})
+    rows = []
+    for kernel, keys in stock.items():
+        for key, chosen in keys.items():
+            same = [
+                m
+                for m in modes
+                if m != "stock" and choices.get(m, {}).get(kernel, {}).get(key) == chosen
+            ]
+            other = [m for m in modes if m != "stock" and m not in same]
+            rows.append(
+                f"| `{kernel.rsplit('.', 1)[-1]}` | {key[:30]} | {chosen[:60]} | "
+                f"{', '.join(same) or '–'} | {', '.join(other) or '–'} |"
+            )
+    if not rows:
+        return []
+    return [
+        "",
+        "Chosen configs (median run of each mode) against stock's:",
+        "",
+        "| kernel | key | stock's choice | same in | other in |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+    ]
+
+
 def report(
     results: dict[tuple[str, str], list[dict[str, Any]]],
     checks: dict[str, dict[str, Any]],
@@ -609,21 +805,23 @@ def report(
         lines += [f"## {lib}", ""]
         lines += [
             "| mode | process s | forward s | step s | tunes s | floor s | step vs stock "
-            "| configs compiled here | rounds (step s) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| process vs stock | configs compiled here | rounds (step s) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         stock_step = _median([r["step_s"] for r in stock_runs if "step_s" in r])
+        stock_process = _median([r["process_s"] for r in stock_runs if "process_s" in r])
         for mode in modes:
             runs = results[(lib, mode)]
             good = [r for r in runs if "step_s" in r]
             errors = [r["error"] for r in runs if "error" in r]
             step = _median([r["step_s"] for r in good])
+            process = _median([r["process_s"] for r in runs if "process_s" in r])
             lines.append(
-                f"| {mode} | {_fmt(_median([r['process_s'] for r in runs if 'process_s' in r]))} "
+                f"| {mode} | {_fmt(process)} "
                 f"| {_fmt(_median([r['forward_s'] for r in good]))} | {_fmt(step)} "
                 f"| {_fmt(_median([r['tune_s'] for r in good]))} "
                 f"| {_fmt(_median([r['floor_s'] for r in good]))} | {_ratio(step, stock_step)} "
-                f"| {_here(good)} "
+                f"| {_ratio(process, stock_process)} | {_here(good)} "
                 f"| {', '.join(_fmt(r['step_s']) for r in good)}"
                 + (f" ({len(errors)} failed: {errors[0].splitlines()[-1][:80]})" if errors else "")
                 + " |"
@@ -668,6 +866,17 @@ def report(
                 + " |"
             )
         lines += against_floor(results, lib, [m for m in modes if m != "stock"], kernels)
+        lines += where_compiled(results, lib, modes)
+        lines += chosen_configs(results, lib, modes)
+        errors = [
+            f"{mode}: " + ", ".join(f"{k} {v:.1e}" for k, v in r["error_vs_torch"].items())
+            for mode in modes
+            for r in results[(lib, mode)][:1]
+            if r.get("error_vs_torch")
+        ]
+        if errors:
+            lines += ["", "Error against torch (max |ours − fp32 torch| ÷ max |torch|, first run):"]
+            lines += [""] + [f"* {e}" for e in errors]
         check = checks.get(lib)
         lines += ["", "Chosen-kernel check (stock's `do_bench`, alternating, median ms):", ""]
         if check is None:
@@ -736,6 +945,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
     parser.add_argument("--out", type=Path, help="write the Markdown report here too")
     parser.add_argument("--plan", action="store_true", help="print the runs and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: compile-only on a dry-run sm_90, 2 configs per kernel (tma-gemm only)",
+    )
     parser.add_argument("--no-check", action="store_true", help="skip the chosen-kernel check")
     parser.add_argument(
         "--results",
@@ -748,6 +962,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--choices", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    DRY_RUN["on"] = args.dry_run
     if args.child:
         child(args.child[0], args.child[1], args.json)
         return 0
@@ -759,6 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in libraries if x not in LIBRARIES] + [x for x in modes if x not in MODES]
     if unknown:
         parser.error(f"unknown {unknown}: libraries are {LIBRARIES}, modes {MODES}")
+    if args.dry_run and libraries != ["tma-gemm"]:
+        parser.error("--dry-run runs --libraries tma-gemm only (the others need CUDA)")
     runs = plan(libraries, modes, args.rounds)
     if args.plan:
         for r, lib, mode in runs:

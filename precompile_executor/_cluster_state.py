@@ -132,7 +132,7 @@ unpickled, its future's own done-callbacks run (a compile's files installed in t
 cache, a user's callback) — made every later outcome wait for it, on the way back that was the
 largest part of a compile's cost of moving in the GPU box's fleet benchmark (docs/dask.md,
 "Compile on CPU nodes"). The work is mostly waiting and writing files: a few threads suffice
-(``benchmarks/fleet_probe.py --resolvers``: beside a caller busy in Python, 1 thread 134 %
+(a probe since retired, with ``--resolvers``: beside a caller busy in Python, 1 thread 134 %
 per-task cost, 4 threads 38 %, 8 threads 43 %; docs/benchmarks.md, "2026-12-06 01:59 UTC")."""
 
 

@@ -94,7 +94,7 @@ _STARTS = ("template", "interpreter")
 DEFAULT_WORKERS_PER_CORE = 1.0
 """``max_workers`` by default: this many workers per usable core (at least one). Compiles on
 every core slow each other by only a few per cent, far less than a core left idle costs: see
-docs/benchmarks-h200.md, section 7 ("Ordering by predicted cost"), measured by
+docs/gpu-runs.md, "Ordering by predicted cost", measured by
 ``benchmarks/s7_ordering.py --contention``."""
 
 __all__ = [

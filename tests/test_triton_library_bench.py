@@ -117,11 +117,14 @@ def test_the_report_renders_runs_kernels_and_the_check() -> None:
         }
     }
     text = bench.report(results, checks, "machine")
-    assert "| stock | 16.00 | 5.50 | 11.00 | 5.50 | 0.50 | 1.00× | all | 10.00, 12.00 |" in text
     assert (
-        "| use | 10.00 | 2.50 | 5.00 | 2.50 | 0.50 | 0.45× | 1 | 5.00 (1 failed: RuntimeError: boom) |"
+        "| stock | 16.00 | 5.50 | 11.00 | 5.50 | 0.50 | 1.00× | 1.00× | all | 10.00, 12.00 |"
         in text
     )
+    assert (
+        "| use | 10.00 | 2.50 | 5.00 | 2.50 | 0.50 | 0.45× | 0.62× | 1 "
+        "| 5.00 (1 failed: RuntimeError: boom) |"
+    ) in text
     assert "| `k` | 4 | 5.50 [0.50] | 2.50 [0.50] | 0.45× |" in text
     assert "| `k` | (1,) | 1.0000 | 1.1000 | 1.10× |" in text
     # no compile times recorded: the floor is the do_bench time alone
@@ -196,3 +199,22 @@ def test_help_and_plan_run_without_a_gpu() -> None:
         "round 1: fla use",
         "round 1: fla install",
     ]
+
+
+def test_the_tma_layer_runs_end_to_end_compile_only_in_a_dry_run() -> None:
+    """``--dry-run``: the TMA GEMM layer's first step under ``use()`` on a dry-run sm_90 (every
+    compile real, two configs per kernel): the three kernels tune, no launch missed the
+    workers' compiles, and the report renders where each config compiled."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.triton_library_bench", "--libraries", "tma-gemm",
+         "--modes", "use", "--rounds", "1", "--no-check", "--dry-run", "--timeout", "150"],
+        cwd=REPO, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "FAILED" not in done.stdout, done.stdout[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| `_linear_silu")]
+    compiled = {r.split("|")[1].strip(" `"): r for r in rows if "| use | 1 |" in r}
+    assert set(compiled) == {"_linear_silu_fwd", "_linear_silu_bwd_dx", "_linear_silu_bwd_dw"}
+    for row in compiled.values():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert int(cells[3]) + int(cells[4]) == 2 and cells[5:] == ["0", "0", "0 of 1"], row

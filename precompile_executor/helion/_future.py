@@ -55,7 +55,7 @@ from .. import (
 from .. import wait_for_all as _executor_wait_for_all
 from .._cluster_executor import ClusterExecutor
 from ..gpu import SharedArgs, run_once, share_args
-from . import _cluster_task, _warm
+from . import _adaptive, _cluster_task, _warm
 from ._fork_task import ForkCompile
 from ._lease import lease_dir
 from ._spawn_task import generated_kernel
@@ -106,6 +106,8 @@ class HelionFuture:
     error: BaseException | None = None
     job: Any = None
     """Path ``"cluster"``: the ``CompileJob``; ``future`` is its future."""
+    cut: _adaptive.Threshold | None = None
+    """Set when the stream cut this config by Helion's adaptive timeout (``Stream``)."""
 
     @property
     def task_future(self) -> Future[Any] | None:
@@ -330,10 +332,18 @@ class Stream:
     """
 
     def __init__(
-        self, executor: PrecompileExecutor | ClusterExecutor[Any], shared: dict[int, Any]
+        self,
+        executor: PrecompileExecutor | ClusterExecutor[Any],
+        shared: dict[int, Any],
+        *,
+        search: Any = None,
     ) -> None:
         self._executor = executor
         self._shared = shared
+        self._search = search
+        self._rule: _adaptive.AdaptiveRule | None = None
+        self._rule_read = False
+        self._compile_times: list[float] = []
         self._lock = threading.RLock()
         self._waiting: collections.deque[HelionFuture] = collections.deque()
         self._running: dict[Future[Any], HelionFuture] = {}
@@ -357,6 +367,9 @@ class Stream:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the precompile stream is closed")
+            if not self._rule_read:  # the batch's settings, as Helion reads them per batch
+                self._rule_read = True
+                self._rule = _adaptive.rule_for(hf.ctx.settings, self._search)
             self._all.append(hf)
             self._waiting.append(hf)
             self._submit_more()
@@ -365,6 +378,10 @@ class Stream:
         """No more :meth:`add` calls: :meth:`settled` ends after the last one finishes."""
         with self._lock:
             self._input_closed = True
+        # The adaptive timeout counts a task's time from the first poll that saw it running;
+        # fork-path tasks run from their submit, and the autotuner may be busy (Helion's
+        # baseline) before it next polls.
+        self._note_starts()
 
     def pending(self) -> int:
         """Configs added and not handed back by :meth:`settled` yet."""
@@ -383,6 +400,7 @@ class Stream:
                 self._submit_more()
                 if self._input_closed and self._handed == len(self._all):
                     return
+            self._cut_overdue()
             t0 = time.perf_counter()
             try:
                 hf = self._finished.get(timeout=POLL_S)
@@ -394,6 +412,8 @@ class Stream:
             with self._lock:
                 self._handed += 1
             _settle(hf)
+            if hf.failure_reason in ("ok", "error") and hf.process is not None:
+                self._compile_times.append(hf.elapsed)  # what Helion's rule counts
             _report(hf)  # raises helion.exc.TritonError on "raise"
             yield hf
 
@@ -410,6 +430,41 @@ class Stream:
                 hf.end_time = hf.end_time or now
                 hf.ok = False
                 hf.failure_reason = "error"
+
+    def _cut_overdue(self) -> None:
+        """Helion's adaptive timeout, from this batch's compile times (``_adaptive``): cut every
+        config compiling past the threshold — its process group killed, the config failed as a
+        timeout — and log each cut once. Runs on the autotuner's thread, each time
+        :meth:`settled` looks for the next finished config (every ``POLL_S`` while it waits), so
+        a cut comes at most one measurement late; ``elapsed`` is counted from the first poll that
+        saw the task running, so a cut is never early."""
+        if self._rule is None:
+            return
+        with self._lock:
+            if not self._input_closed or self._closed:
+                return  # the batch's size is not known yet
+            batch = len(self._all)
+        self._note_starts()
+        with self._lock:
+            running = [hf for hf in self._running.values() if hf.cut is None and hf.started]
+        if not running:
+            return
+        timeout = min(hf.timeout for hf in running)
+        cut = _adaptive.threshold(self._compile_times, batch, self._rule, timeout)
+        if cut is None:
+            return
+        elapsed = {id(hf): hf.elapsed for hf in running}
+        late = set(_adaptive.overdue(elapsed, cut))
+        victims = [hf for hf in running if id(hf) in late]
+        for hf in victims:
+            hf.cut = cut
+            log.info(
+                "Helion's adaptive compile timeout: cut %s after %.1fs compiling (threshold %s)",
+                hf.config,
+                elapsed[id(hf)],
+                cut.describe(),
+            )
+        _kill([f for f in (hf.task_future for hf in victims) if f is not None])
 
     def _note_starts(self) -> None:
         now = time.time()
@@ -509,6 +564,12 @@ def _settle(hf: HelionFuture) -> None:
             hf.start_time = hf.end_time  # finished between two polls: under POLL_S
     if isinstance(error, TaskTimeoutError):
         hf.start_time = hf.end_time - error.elapsed_s
+        hf.failure_reason = "timeout"
+    elif hf.cut is not None and isinstance(error, WorkerCrashedError):
+        # Killed by the adaptive timeout (Stream._cut_overdue): a timeout, as Helion's own is.
+        pid = hf.process.pid if hf.process is not None else 0
+        hf.error = TaskTimeoutError(hf.cut.seconds, hf.elapsed, pid)
+        hf.error.__cause__ = error
         hf.failure_reason = "timeout"
     else:
         hf.failure_reason = "error"

@@ -80,7 +80,7 @@ children back to back; ``False`` (the default) forks each config's child as soon
 exists. Each fork makes the autotuning process's pages copy-on-write again, so its Python work
 between forks (codegen) pays a page fault on each page it then writes — back-to-back forks pay
 that once, but start the compiles later (docs/helion.md, "Streaming"; the A/B:
-``benchmarks/helion_stream_cpu``, ``helion_bench``'s ``ours-fork-batched`` mode)."""
+docs/benchmarks.md, "Answers of retired probes"; ``helion_bench``'s ``ours-fork-batched`` mode)."""
 
 
 class _AfterBaseline:
@@ -117,6 +117,9 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
     _effective_atol = _AfterBaseline()
     _effective_rtol = _AfterBaseline()
     _benchmark_worker = _bench_worker.AfterWarmUp()
+    search: Any = None
+    """The search that built this provider (set by ``_seam``'s ``BaseSearch._prepare``): the
+    adaptive timeout reads its quantile and lower bound (``_adaptive.rule_for``)."""
 
     def __init__(
         self,
@@ -262,7 +265,7 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         results: list[Any] = [None] * len(configs)
         with (
             self._shared() as shared,
-            _future.Stream(_warm.current_executor(), shared) as stream,
+            _future.Stream(_warm.current_executor(), shared, search=self.search) as stream,
         ):
             compiled, failed = self._codegen_and_submit(configs, stream)
             stream.close_input()

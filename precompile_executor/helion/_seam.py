@@ -72,6 +72,7 @@ _PRIVATE_HELPERS = (
     ("helion.autotuner.benchmark_provider", "_clone_args"),
     ("helion.autotuner.benchmark_worker", "BenchmarkWorker"),
     ("helion.autotuner.benchmark_worker", "_worker_loop"),
+    ("helion.autotuner.effort_profile", "get_effort_profile"),
     ("helion.autotuner.benchmark_job", "BenchmarkJob"),
 )
 # The streaming provider (``_provider``) overrides or calls these LocalBenchmarkProvider methods;
@@ -374,6 +375,11 @@ def _streaming_prepare(original: Any) -> Any:
         if getattr(self, "_benchmark_provider_cls", None) is LocalBenchmarkProvider:
             self._benchmark_provider_cls = StreamingBenchmarkProvider
         original(self)
+        provider = getattr(self, "benchmark_provider", None)
+        if isinstance(provider, StreamingBenchmarkProvider):
+            # Its adaptive timeout's quantile and lower bound (``_adaptive.rule_for``); a
+            # search without them, or a provider kept elsewhere, falls back to the effort profile.
+            provider.search = self
 
     _prepare.__wrapped__ = original  # type: ignore[attr-defined]
     return _prepare

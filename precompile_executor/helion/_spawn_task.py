@@ -156,7 +156,8 @@ def import_helion(target: str | None = None) -> None:
     """An ``initializer`` for spawn workers: import Helion, torch and Triton once — in the warm
     template, whose workers are forked with it done (``import helion`` asks
     ``torch.cuda.is_available()``, which leaves only the CUDA driver's idle thread: the template
-    still forks, and its workers use CUDA; measured by ``benchmarks/gpu_fork_probe.py``).
+    still forks, and its workers use CUDA; tested by ``tests/test_gpu.py``,
+    ``test_an_initializer_that_asks_if_cuda_is_available``).
 
     Without it the first task on each worker pays the imports inside its timeout. With a Triton
     ``target`` (e.g. ``"cuda:90"``) it also compiles one tiny kernel for it

@@ -80,7 +80,8 @@ WORKER_NICENESS = 5
 """How much lower than the autotuning process the default executor's workers run (``os.nice``
 increment): under contention the caller's benchmarking thread gets about three times a worker's
 share of a core (CFS weights), so a pool as large as the machine does not slow the timings it
-waits for. ``benchmarks/nice_proxy.py`` measures it with a CPU-bound stand-in for the caller."""
+waits for. Measured with a CPU-bound stand-in for the caller: docs/benchmarks.md, "Answers of
+retired probes"."""
 
 
 def prewarm_worker(target: str = "cuda:90", niceness: int = WORKER_NICENESS) -> None:

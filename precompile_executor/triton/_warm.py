@@ -40,6 +40,7 @@ from ._async import TritonCompileExecutor
 from ._classify import Classification, classify
 from ._driver import compile_only_driver, forget_device
 from ._kernel_ref import unwrap_jit_function
+from ._prewarm import caller_warming
 from ._submit import CompileJob
 from ._target import format_target, parse_target
 
@@ -444,6 +445,12 @@ def compile_configs(
     # Autotuner launches ``self.fn.run(*args, **kwargs, **config.all_kwargs())``; its ``fn``
     # may be a Heuristics wrapper, which then adds its own keyword arguments.
     entry = kernel.fn if isinstance(kernel, Autotuner) else kernel
+    # Triton 3.9's JIT computes the compile's cache key — for a process's first, a hash of
+    # Triton's whole installation (``triton_key``, 0.4-1.2 s) — before it hands the compile to
+    # the mode: while the executor's background ``warm_caller`` is hashing, wait for it rather
+    # than hash a second time beside it (docs/design.md, "The caller's half of an initializer").
+    with caller_warming:
+        pass
     results = []
     for config in configs:
         meta = dict(config.all_kwargs()) if config is not None else {}
