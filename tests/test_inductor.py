@@ -234,6 +234,21 @@ def test_an_executor_that_fails_the_probe_leaves_compiles_in_the_caller_warning_
     assert "in the caller" in warnings[0].getMessage()
 
 
+def test_an_executor_dropped_after_its_probe_is_collected() -> None:
+    # The probes are kept weakly by executor; a probe that held its executor would keep every
+    # executor ever used in a block alive, and one dropped without shutdown() never shut down.
+    import gc
+    import weakref
+
+    ex = PrecompileExecutor(1)
+    with inductor.use(ex):
+        _wait_until(_pool_ready, "ready")
+    dropped = weakref.ref(ex)
+    del ex
+    gc.collect()
+    assert dropped() is None
+
+
 ORDER_PROGRAM = """
 import json
 import sys

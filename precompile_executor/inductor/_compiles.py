@@ -299,6 +299,7 @@ def _send_probe(executor: Executor) -> Future[Any]:
     from torch._inductor.async_compile import AsyncCompile
 
     asked = time.monotonic()
+    name = repr(executor)  # not the executor: the probe, kept weakly keyed by it, must not hold it
     try:
         with in_background():
             probe = _unlimited(executor).submit(AsyncCompile._get_ready)
@@ -312,7 +313,7 @@ def _send_probe(executor: Executor) -> Future[Any]:
             log.info(
                 "Inductor's compiles go to %r from now on: a worker answered its readiness "
                 "probe after %.2f s (%d compiles ran in the caller until then)",
-                executor,
+                name,
                 time.monotonic() - asked,
                 COUNTS.snapshot().in_caller,
             )
@@ -324,8 +325,12 @@ def _send_probe(executor: Executor) -> Future[Any]:
 def _unlimited(executor: Executor) -> Executor:
     """``executor`` without a time or memory limit, for the probe: a worker's process with
     torch imported is over a compile's memory limit on its own, and the probe asks whether a
-    worker answers, not how fast."""
+    worker answers, not how fast. ``executor`` itself where it has neither: a view's future
+    holds its view, and the probe, weakly keyed by ``executor``, must not hold that."""
     if not isinstance(executor, BaseExecutor):
+        return executor
+    limits = executor._options  # this package's executor: its (or its view's) options
+    if limits.timeout is None and limits.memory_limit is None:
         return executor
     return executor.options(timeout=None, memory_limit=None)
 
