@@ -100,3 +100,78 @@ def test_the_first_tune_compiles_here_while_every_worker_is_still_starting(
     assert stats.completed == 0 and stats.running == 0
     assert kernel.best_config.kwargs == {"BLOCK": 256}
     assert took_s < TEST_TIMEOUT_S / 2  # generous: it waited for no worker
+
+
+_HASHES_ONCE = """
+import functools, threading, time
+
+import triton
+import triton.language as tl
+import triton.runtime.cache as cache
+
+computed = []
+hashing = threading.Event()
+real = cache.triton_key.__wrapped__
+
+
+@functools.lru_cache
+def triton_key():
+    computed.append(threading.current_thread().name)
+    hashing.set()
+    time.sleep(2.0)  # a slow installation hash: the first compile meets it under way
+    return real()
+
+
+cache.triton_key = triton_key
+
+from precompile_executor import PrecompileExecutor
+from precompile_executor.triton import TensorSpec, launch, prewarm, warm
+
+
+@triton.jit
+def quadruple(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 4.0, mask=offs < n)
+
+
+# prewarm's caller half (prewarm.in_caller) starts hashing on a thread as the executor is built
+pool = PrecompileExecutor(1, initializer=prewarm, initargs=("cuda:90",), timeout=120)
+try:
+    assert hashing.wait(60), "the executor's caller half never started hashing"
+    report = warm({quadruple: [launch(TensorSpec("fp32", (64,)), 64, BLOCK=64)]},
+                  target="cuda:90", executor=pool)
+    assert [r.status for r in report.results] == ["ok"], report.results
+finally:
+    pool.terminate_workers()
+print("HASHED", len(computed))
+"""
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_the_first_compile_waits_for_the_background_hash_instead_of_hashing_again(
+    tmp_path: Path,
+) -> None:
+    # Triton 3.9's JIT computes the cache key (for a process's first: the hash of Triton's
+    # installation) before it hands the compile over; the executor's caller half is computing
+    # the same hash on a thread. The compile waits for it: the installation is hashed once.
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "hashes_once.py"
+    script.write_text(_HASHES_ONCE)
+    root = Path(__file__).resolve().parent.parent
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        TRITON_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=TEST_TIMEOUT_S - 20,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "HASHED 1" in done.stdout, done.stdout[-2000:]

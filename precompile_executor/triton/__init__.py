@@ -8,7 +8,9 @@ Importing this package imports Triton (``import precompile_executor`` does not).
 * :func:`async_compile_executor` — an executor for Triton's own ``AsyncCompileMode`` that runs
   the compiles in worker processes and hands Triton real ``CompiledKernel`` objects.
 * :func:`warm` — compile every config of ``@triton.autotune`` kernels for argument specs
-  (:class:`TensorSpec`, :func:`launch`), in parallel, before the autotuner's first call.
+  (:class:`TensorSpec`, ``TensorSpec.descriptor()`` for host TMA descriptors, :func:`launch`),
+  in parallel, before the autotuner's first call; a config's ``pre_hook`` runs on copies of the
+  descriptors first (:class:`PreHookError` if it raises).
 * :func:`classify` — the ``classify`` hook that knows Triton's expected failures.
 * :func:`parse_target` — ``"cuda:90"`` → ``GPUTarget``; no GPU is needed to compile for one.
 * :func:`triton_prior_s` — the prior compile-time estimate of a config (block sizes, warps), for
@@ -46,6 +48,7 @@ from ._warm import (
     ConfigResult,
     KernelSpecs,
     Launch,
+    PreHookError,
     TensorSpec,
     WarmReport,
     configs_of,
@@ -67,6 +70,7 @@ __all__ = [
     "KernelSpecs",
     "KernelTransferError",
     "Launch",
+    "PreHookError",
     "TensorSpec",
     "TritonCompileExecutor",
     "UnsupportedTritonError",
