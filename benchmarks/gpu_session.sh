@@ -18,6 +18,10 @@
 #     configs' pre_hooks set the descriptors), first training step: stock vs use() vs install()
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
+#   bash benchmarks/gpu_session.sh inductor-train  # torch.compile default mode, a Llama-style training
+#     step, whole process: stock vs use() vs install(), 2 interleaved rounds (about 3 minutes)
+#   bash benchmarks/gpu_session.sh inductor-train-autotune  # the same step in max-autotune, smaller
+#     (1 block, MLP = width, vocabulary 8192), stock vs use(); TRAIN_AUTOTUNE_ROUNDS (1) per call
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
 #   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
@@ -195,6 +199,28 @@ case "${1:-tests}" in
       --process-timeout "${INDUCTOR_RUN_TIMEOUT:-280}" \
       ${INDUCTOR_MODELS:+--models $INDUCTOR_MODELS} ${INDUCTOR_MODES:+--modes $INDUCTOR_MODES} \
       ${INDUCTOR_ONLY:+--only $INDUCTOR_ONLY} 2>&1 | tee "$OUT/inductor-bench.log" | tail -80 ;;
+  inductor-train)
+    # benchmarks/inductor_bench.py (docs/inductor.md, "Readiness"): a Llama-style decoder's
+    # training step (2 blocks, bf16, forward + cross-entropy + backward), torch.compile default
+    # mode; stock, use() around the compile, install() at the program's top; each a fresh
+    # process with empty Inductor and Triton caches; TRAIN_ROUNDS (2) interleaved rounds,
+    # medians; the instruments off (they import Inductor before install() could warm up).
+    timeout "${TRAIN_TIMEOUT:-330}" python3 -m benchmarks.inductor_bench --only llama:default \
+      --variants stock,ours,ours-install --rounds "${TRAIN_ROUNDS:-2}" --no-instruments \
+      --process-timeout "${TRAIN_RUN_TIMEOUT:-150}" --out "$OUT/inductor-train.json" \
+      2>&1 | tee "$OUT/inductor-train.log" | tail -40 ;;
+  inductor-train-autotune)
+    # The same step in max-autotune, smaller than inductor-train's (1 block, MLP = width,
+    # vocabulary 8192: fewer distinct GEMMs to tune) so that a stock process fits a device call;
+    # stock vs use(). Runs accumulate in bench-out/inductor-train-autotune.jsonl (kept on the
+    # machine between calls; remove it to start afresh): TRAIN_AUTOTUNE_ROUNDS (1) per call.
+    mkdir -p bench-out
+    timeout "${TRAIN_AUTOTUNE_TIMEOUT:-560}" python3 -m benchmarks.inductor_bench \
+      --only llama:max-autotune --variants stock,ours --rounds "${TRAIN_AUTOTUNE_ROUNDS:-1}" \
+      --layers 1 --mlp 1024 --vocab 8192 --no-instruments \
+      --process-timeout "${TRAIN_AUTOTUNE_RUN_TIMEOUT:-270}" \
+      --results bench-out/inductor-train-autotune.jsonl --out "$OUT/inductor-train-autotune.json" \
+      2>&1 | tee "$OUT/inductor-train-autotune.log" | tail -40 ;;
   limits)
     timeout 400 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_limits.py \
       tests/test_limits_cpython.py > "$OUT/limits-tests.txt" 2>&1; tail -15 "$OUT/limits-tests.txt" ;;
