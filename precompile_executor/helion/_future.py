@@ -550,7 +550,7 @@ class Stream:
                     log.info(
                         "compiling Helion configs on the fork path (compile only) while the "
                         "executor's spawn workers start (docs/helion.md, \"Cold start: nothing "
-                        "waits for workers\")"
+                        'waits for workers")'
                     )
             new.add_done_callback(self._done)
 
