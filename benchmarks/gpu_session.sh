@@ -13,10 +13,15 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # the memory-limit tests on torch+triton workers
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
+#   bash benchmarks/gpu_session.sh halving   # use(screening=True) on six small ops, fwd + bwd, vs stock
 #   bash benchmarks/gpu_session.sh tma       # a TMA-descriptor GEMM-with-epilogue layer (3 kernels whose
 #     configs' pre_hooks set the descriptors), first training step: stock vs use() vs install()
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
 #     (benchmarks.inductor_bench; rounds spread over calls through INDUCTOR_RESULTS)
+#   bash benchmarks/gpu_session.sh inductor-train  # torch.compile default mode, a Llama-style training
+#     step, whole process: stock vs use() vs install(), 2 interleaved rounds (about 3 minutes)
+#   bash benchmarks/gpu_session.sh inductor-train-autotune  # the same step in max-autotune, smaller
+#     (1 block, MLP = width, vocabulary 8192), stock vs use(); TRAIN_AUTOTUNE_ROUNDS (1) per call
 #     (carry in .whl, made here by `pip download --no-deps -d .whl fla-core==0.6.0 einops==0.8.2
 #     liger-kernel==0.8.5`: pure-Python wheels)
 #   bash benchmarks/gpu_session.sh fleet     # compile on CPU nodes: a loopback dask cluster, CUDA hidden
@@ -142,6 +147,20 @@ case "${1:-tests}" in
       $([ "${LIBRARY_CHECK:-1}" = 0 ] && echo --no-check) \
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
+  halving)
+    # Screening (use(screening=True), docs/triton.md "Screening") on the six small ops of
+    # precompile_executor/examples/library_kernels.py, forward and backward: stock vs screen, each
+    # run a fresh process with a cold Triton cache, HALVING_ROUNDS (3) interleaved rounds, no run
+    # started past HALVING_DEADLINE s (370), then the chosen-kernel check (HALVING_ALTERNATIONS,
+    # 5). HALVING_OPS ("small" = rmsnorm,layernorm,softmax,scan,swiglu,dyt), HALVING_MODES
+    # ("stock,screen"; add "use" for the unscreened form). Each run's row goes to
+    # $OUT/halving-runs.jsonl as it ends, the report to $OUT/halving-bench.md after each run.
+    # HALVING_DRY=1: the same on a CPU (a stand-in sm_90 GPU, made-up times: a smoke run).
+    timeout "${HALVING_TIMEOUT:-500}" python3 -m benchmarks.triton_library_bench ${HALVING_DRY:+--dry-run} \
+      --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,screen}" \
+      --rounds "${HALVING_ROUNDS:-3}" --alternations "${HALVING_ALTERNATIONS:-5}" \
+      --deadline "${HALVING_DEADLINE:-370}" --timeout 150 --out "$OUT/halving-bench.md" \
+      --results "$OUT/halving-runs.jsonl" 2>&1 | tee "$OUT/halving-bench.log" | tail -80 ;;
   tma)
     # benchmarks/triton_library_bench.py --libraries tma-gemm: precompile_executor/examples/
     # tma_kernels.py's silu(x @ w.T + b) at 4096^3 bf16, forward + backward, 3 autotuned kernels of
@@ -180,6 +199,28 @@ case "${1:-tests}" in
       --process-timeout "${INDUCTOR_RUN_TIMEOUT:-280}" \
       ${INDUCTOR_MODELS:+--models $INDUCTOR_MODELS} ${INDUCTOR_MODES:+--modes $INDUCTOR_MODES} \
       ${INDUCTOR_ONLY:+--only $INDUCTOR_ONLY} 2>&1 | tee "$OUT/inductor-bench.log" | tail -80 ;;
+  inductor-train)
+    # benchmarks/inductor_bench.py (docs/inductor.md, "Readiness"): a Llama-style decoder's
+    # training step (2 blocks, bf16, forward + cross-entropy + backward), torch.compile default
+    # mode; stock, use() around the compile, install() at the program's top; each a fresh
+    # process with empty Inductor and Triton caches; TRAIN_ROUNDS (2) interleaved rounds,
+    # medians; the instruments off (they import Inductor before install() could warm up).
+    timeout "${TRAIN_TIMEOUT:-330}" python3 -m benchmarks.inductor_bench --only llama:default \
+      --variants stock,ours,ours-install --rounds "${TRAIN_ROUNDS:-2}" --no-instruments \
+      --process-timeout "${TRAIN_RUN_TIMEOUT:-150}" --out "$OUT/inductor-train.json" \
+      2>&1 | tee "$OUT/inductor-train.log" | tail -40 ;;
+  inductor-train-autotune)
+    # The same step in max-autotune, smaller than inductor-train's (1 block, MLP = width,
+    # vocabulary 8192: fewer distinct GEMMs to tune) so that a stock process fits a device call;
+    # stock vs use(). Runs accumulate in bench-out/inductor-train-autotune.jsonl (kept on the
+    # machine between calls; remove it to start afresh): TRAIN_AUTOTUNE_ROUNDS (1) per call.
+    mkdir -p bench-out
+    timeout "${TRAIN_AUTOTUNE_TIMEOUT:-560}" python3 -m benchmarks.inductor_bench \
+      --only llama:max-autotune --variants stock,ours --rounds "${TRAIN_AUTOTUNE_ROUNDS:-1}" \
+      --layers 1 --mlp 1024 --vocab 8192 --no-instruments \
+      --process-timeout "${TRAIN_AUTOTUNE_RUN_TIMEOUT:-270}" \
+      --results bench-out/inductor-train-autotune.jsonl --out "$OUT/inductor-train-autotune.json" \
+      2>&1 | tee "$OUT/inductor-train-autotune.log" | tail -40 ;;
   limits)
     timeout 400 python3 -m pytest -v -p no:cacheprovider -rfEs tests/test_limits.py \
       tests/test_limits_cpython.py > "$OUT/limits-tests.txt" 2>&1; tail -15 "$OUT/limits-tests.txt" ;;

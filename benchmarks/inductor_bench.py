@@ -1,21 +1,26 @@
 """Cold-cache ``torch.compile``: Inductor's own compile pool vs ``precompile_executor.inductor``.
 
-    python -m benchmarks.inductor_bench [--models gpt2,convnet] [--modes default,max-autotune]
+    python -m benchmarks.inductor_bench [--models gpt2,convnet,llama]
+        [--modes default,max-autotune] [--variants stock,ours,ours-install]
         [--only gpt2:max-autotune,...] [--rounds 3] [--layers 2] [--seq 256] [--batch 4]
-        [--image 224] [--cnn-batch 16] [--process-timeout 600] [--out FILE.json]
-        [--results RUNS.jsonl]
-    python -m benchmarks.inductor_bench --smoke          # CPU, tiny sizes, one round
+        [--width W] [--heads H] [--vocab V] [--mlp M] [--image 224] [--cnn-batch 16]
+        [--no-instruments] [--process-timeout 600] [--out FILE.json] [--results RUNS.jsonl]
+    python -m benchmarks.inductor_bench --smoke [--only llama:default]  # CPU, tiny, one round
 
 Every measurement is one fresh interpreter with empty Inductor and Triton caches (its own
 ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``) that builds a model from ``torch.nn`` (no
-downloaded weights), runs it eagerly, compiles it with ``torch.compile(model, mode=...)`` and
-calls it once (inference, ``torch.no_grad()``), then compares the output with eager's. Variants:
+downloaded weights), runs a step eagerly, compiles it with ``torch.compile(model, mode=...)``
+and runs the step once, then compares the output with eager's. A step is one call
+(inference, ``torch.no_grad()``) for ``gpt2`` and ``convnet``, and a training step for
+``llama`` (forward, cross-entropy, backward; the loss and every gradient compared). Variants:
 
 * ``stock`` — Inductor as it is: its compile pool (a sidecar process and its workers) for Triton
   kernels, threads in the process for C++ kernels and max-autotune's template precompiles;
 * ``ours`` — the same program with the compile and first call inside
   ``precompile_executor.inductor.use()`` (the shared default executor: Inductor's worker count,
-  its warm-up started by ``use()``, in the clock).
+  its warm-up started by ``use()``, in the clock);
+* ``ours-install`` — ``precompile_executor.inductor.install()`` at the program's top, right after
+  ``import torch`` and before the model is built.
 
 Rounds are interleaved (every model, mode and variant once, then again), and the figures are the
 medians over rounds. Reported per process: the whole-process wall (interpreter start to exit, as
@@ -32,7 +37,9 @@ learned positions, pre-norm blocks: fused QKV projection, causal
 ``scaled_dot_product_attention``, GELU MLP; tied LM head) with ``--layers`` blocks (GPT-2 small
 has 12; the kernels are the same for every block, so fewer blocks mostly saves tracing);
 ``convnet`` — a ResNet-18-shaped network
-(``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels).
+(``nn.Conv2d``/``BatchNorm2d``/``ReLU`` basic blocks, 64 to 512 channels); ``llama`` — a
+Llama-style decoder (RMSNorm, rotary positions, causal attention, SwiGLU MLP, untied LM head;
+width 1024, 16 heads, MLP 2816, vocabulary 32000 unless given), bf16 on a GPU.
 
 Writes one JSON record per process (``--out``) with the machine and versions, and prints a table
 per model and mode. ``--results RUNS.jsonl`` spreads rounds over several calls (a device call
@@ -60,14 +67,19 @@ from typing import Any
 
 PROCESS_START = time.time()  # before torch is imported: the child's own view of its start
 
-MODELS = ("gpt2", "convnet")
+MODELS = ("gpt2", "convnet", "llama")
 MODES = ("default", "max-autotune")
-VARIANTS = ("stock", "ours")
+VARIANTS = ("stock", "ours", "ours-install")
 RESULT_MARK = "INDUCTOR_BENCH_RESULT "
 """Prefix of the one stdout line that carries a child's JSON record."""
 CORRECT_REL_ERR = 1e-2
 """Largest error, relative to eager's largest magnitude, that counts as equal: fp32 kernels
 reordering their sums stay far below it (about 1e-5); a wrong kernel is far above it."""
+CORRECT_REL_ERR_BF16 = 5e-2
+"""The same for a bf16 training step (loss and every gradient): bf16 keeps 8 bits of mantissa
+(0.4 % a rounding), and fused kernels round at other points than eager's."""
+LLAMA_DEFAULTS = {"width": 1024, "heads": 16, "vocab": 32000, "mlp": 2816}
+"""The ``llama`` model's sizes unless given (``--width`` …): a 1B-class block's width halved."""
 
 TIMERS = (
     ("_compile.compile_inner", "dynamo total"),
@@ -102,6 +114,10 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     device = spec["device"]
+    if spec["model"] == "llama":
+        llama, ids = _llama(spec)
+        dtype = getattr(torch, spec.get("dtype") or "float32")
+        return llama.to(device=device, dtype=dtype).train(), ids.to(device)
     if spec["model"] == "gpt2":
         width, heads, vocab = spec["width"], spec["heads"], spec["vocab"]
         seq, batch = spec["seq"], spec["batch"]
@@ -185,6 +201,94 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
     return model.to(device).eval(), inputs.to(device)
 
 
+def _llama(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """A Llama-style decoder (RMSNorm, rotary positions, causal attention, SwiGLU MLP, untied
+    LM head) with ``spec["layers"]`` blocks, and a batch of token ids (inputs and targets)."""
+    import torch
+    from torch import nn
+
+    sizes = {k: spec.get(k) or v for k, v in LLAMA_DEFAULTS.items()}
+    width, heads, vocab, hidden = sizes["width"], sizes["heads"], sizes["vocab"], sizes["mlp"]
+    seq, batch, head = spec["seq"], spec["batch"], sizes["width"] // sizes["heads"]
+
+    class RMSNorm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(width))
+
+        def forward(self, x: Any) -> Any:
+            scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+            return (x.float() * scale).type_as(x) * self.weight
+
+    def rotate(x: Any, cos: Any, sin: Any) -> Any:
+        x1, x2 = x[..., : head // 2], x[..., head // 2 :]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn_norm, self.mlp_norm = RMSNorm(), RMSNorm()
+            self.q, self.k, self.v, self.o = (nn.Linear(width, width, bias=False) for _ in "qkvo")
+            self.gate = nn.Linear(width, hidden, bias=False)
+            self.up = nn.Linear(width, hidden, bias=False)
+            self.down = nn.Linear(hidden, width, bias=False)
+
+        def forward(self, x: Any, cos: Any, sin: Any) -> Any:
+            b, t, _ = x.shape
+            h = self.attn_norm(x)
+            q, k, v = (
+                proj(h).view(b, t, heads, head).transpose(1, 2) for proj in (self.q, self.k, self.v)
+            )
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(y.transpose(1, 2).reshape(b, t, width))
+            h = self.mlp_norm(x)
+            return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(spec["layers"]))
+            self.norm = RMSNorm()
+            self.head = nn.Linear(width, vocab, bias=False)
+            inverse = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+            angles = torch.outer(torch.arange(seq).float(), inverse)
+            angles = torch.cat((angles, angles), dim=-1)
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+
+        def forward(self, ids: Any) -> Any:
+            x = self.tokens(ids)
+            cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            return self.head(self.norm(x))
+
+    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    return Llama(), ids
+
+
+def _step(model: Any, inputs: Any, spec: dict[str, Any]) -> Any:
+    """One step of ``model``: a call without gradients (``gpt2``, ``convnet``), or a training
+    step (``llama``: forward, cross-entropy, backward), returning its loss and every gradient
+    as one flat tensor, the gradients then cleared."""
+    import torch
+
+    if spec["model"] != "llama":
+        with torch.no_grad():
+            return model(inputs)
+    ids, targets = inputs[:, :-1], inputs[:, 1:]
+    logits = model(ids)
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([loss.detach().float().view(1)] + [p.grad.float().flatten() for p in params])
+    for p in params:
+        p.grad = None
+    return flat
+
+
 # -- one process ------------------------------------------------------------------------------
 
 
@@ -222,22 +326,40 @@ def child(
     from benchmarks import _inductor_instruments as instruments
 
     imported = time.perf_counter()
-    instruments.install()  # before use() patches Inductor: the seam then calls the wrappers
+    record: dict[str, Any] = {"spec": spec}
+    if spec.get("instruments", True):
+        instruments.install()  # before use() patches Inductor: the seam then calls the wrappers
+    if spec["variant"] == "ours-install":
+        import precompile_executor.inductor as pe_inductor
+
+        entered = time.perf_counter()
+        pe_inductor.install()  # at the program's top, as a program would: before its model
+        record["use_enter_s"] = time.perf_counter() - entered
     sync = torch.cuda.synchronize if spec["device"] == "cuda" else (lambda: None)
     model, inputs = (build or _build)(spec)
-    with torch.no_grad():
-        eager = model(inputs)
+    eager = _step(model, inputs, spec)
     sync()
     built = time.perf_counter()
-    record: dict[str, Any] = {"spec": spec}
     run = around_compile or (lambda fn: fn())
 
     def compile_and_call() -> Any:
-        out = torch.compile(model, mode=spec["mode"])(inputs)
+        out = _step(torch.compile(model, mode=spec["mode"]), inputs, spec)
         sync()
         return out
 
-    with torch.no_grad():
+    if spec["variant"] == "ours-install":
+        out = run(compile_and_call)
+        record["children_cpu"] = instruments.children_cpu()
+        default = pe_inductor.state.default
+        counts = default.statistics() if default is not None else None
+        record["ours"] = {
+            "compiles": vars(pe_inductor.statistics()),
+            "executor": {
+                k: getattr(counts, k, None)
+                for k in ("completed", "failed", "crashed", "timed_out", "start")
+            },
+        }
+    else:
         if spec["variant"].startswith("ours"):
             import precompile_executor.inductor as pe_inductor
 
@@ -268,8 +390,9 @@ def child(
             out = run(compile_and_call)
             record["children_cpu"] = instruments.children_cpu()
     compiled = time.perf_counter()
-    scale = float(eager.abs().max()) or 1.0
+    scale = float(eager.float().abs().max()) or 1.0
     error = float((out.float() - eager.float()).abs().max()) / scale
+    bf16 = spec.get("dtype") == "bfloat16"
     from torch._dynamo.utils import counters
 
     record |= {
@@ -278,7 +401,7 @@ def child(
         "compile_and_first_call_s": compiled - built,
         "since_process_start_s": time.time() - PROCESS_START,
         "rel_error": error,
-        "equal": error <= CORRECT_REL_ERR,
+        "equal": error <= (CORRECT_REL_ERR_BF16 if bf16 else CORRECT_REL_ERR),
         "timers_s": _timer_sums(),
         "counters": {k: int(counters["inductor"].get(k, 0)) for k in COUNTERS},
         "instruments": instruments.snapshot(),
@@ -417,17 +540,21 @@ def run_child(
 
 def _sizes(args: argparse.Namespace) -> dict[str, Any]:
     device = "cpu" if args.smoke else "cuda"
+    llama = args.cells and all(model == "llama" for model, _ in args.cells)
     return {
         "device": device,
         "layers": args.layers,
-        "width": 64 if args.smoke else 768,
-        "heads": 4 if args.smoke else 12,
-        "vocab": 256 if args.smoke else 50257,
+        "width": args.width or (64 if args.smoke else None if llama else 768),
+        "heads": args.heads or (4 if args.smoke else None if llama else 12),
+        "vocab": args.vocab or (256 if args.smoke else None if llama else 50257),
+        "mlp": args.mlp or (128 if args.smoke else None),
+        "dtype": "bfloat16" if device == "cuda" else "float32",
         "seq": args.seq,
         "batch": args.batch,
         "image": args.image,
         "cnn_batch": args.cnn_batch,
         "channels": [8, 16] if args.smoke else [64, 128, 256, 512],
+        "instruments": args.instruments,
     }
 
 
@@ -440,7 +567,19 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]
 
 
-SIZE_KEYS = ("device", "layers", "width", "heads", "vocab", "seq", "batch", "image", "cnn_batch")
+SIZE_KEYS = (
+    "device",
+    "layers",
+    "width",
+    "heads",
+    "vocab",
+    "mlp",
+    "dtype",
+    "seq",
+    "batch",
+    "image",
+    "cnn_batch",
+)
 """The spec's sizes: a saved run is reported with this call's only if all of them match."""
 
 
@@ -547,20 +686,28 @@ def _report(records: list[dict[str, Any]], models: list[str], modes: list[str]) 
                 counts = [r["ours"]["compiles"] for r in good if "ours" in r]
                 cells.append(
                     "/".join(
-                        str(int(_median([c[k] for c in counts])))
+                        str(int(_median([c.get(k, 0) for c in counts])))
                         for k in ("cpp", "triton", "template", "failed")
                     )
+                    + " (in the caller: "
+                    + "/".join(
+                        str(int(_median([c.get(k, 0) for c in counts])))
+                        for k in ("caller_cpp", "caller_triton", "caller_template")
+                    )
+                    + ")"
                     if counts
                     else "—"
                 )
                 lines.append("| " + " | ".join(cells) + " |")
             stock = [r["process_wall_s"] for r in rows["stock"] if r["ok"]]
-            ours = [r["process_wall_s"] for r in rows["ours"] if r["ok"]]
-            if stock and ours:
-                lines.append(
-                    f"\nwhole-process wall, medians: stock {_median(stock):.2f} s, ours "
-                    f"{_median(ours):.2f} s: **{_median(stock) / _median(ours):.2f}×**"
-                )
+            for variant in VARIANTS[1:]:
+                ours = [r["process_wall_s"] for r in rows[variant] if r["ok"]]
+                if stock and ours:
+                    lines.append(
+                        f"\nwhole-process wall, medians: stock {_median(stock):.2f} s, {variant} "
+                        f"{_median(ours):.2f} s: **{_median(stock) / _median(ours):.2f}×** faster "
+                        f"({variant}/stock {_median(ours) / _median(stock):.3f})"
+                    )
             for variant, runs in rows.items():
                 for r in runs:
                     if not r["ok"]:
@@ -591,11 +738,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, one round")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--models", help=f"comma-separated, of {','.join(MODELS)} (default: gpt2,convnet)"
+    )
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        default="stock,ours",
+        help=f"comma-separated, of {','.join(VARIANTS)} (default: stock,ours)",
+    )
+    parser.add_argument("--rounds", type=int)
     parser.add_argument("--layers", type=int, default=2, help="decoder blocks (GPT-2 small: 12)")
+    parser.add_argument("--width", type=int, help="decoder width (gpt2 768, llama 1024)")
+    parser.add_argument("--heads", type=int, help="attention heads (gpt2 12, llama 16)")
+    parser.add_argument("--vocab", type=int, help="vocabulary (gpt2 50257, llama 32000)")
+    parser.add_argument("--mlp", type=int, help="llama's MLP width (2816)")
+    parser.add_argument(
+        "--no-instruments",
+        dest="instruments",
+        action="store_false",
+        help="leave Inductor unwrapped (the instruments import Inductor at the process's start, "
+        "before use()/install() could start their warm-up)",
+    )
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--image", type=int, default=224)
@@ -614,15 +778,19 @@ def main(argv: list[str] | None = None) -> int:
         "and this call's runs are appended to it as each ends (rounds spread over calls)",
     )
     args = parser.parse_args(argv)
+    args.rounds_given = args.rounds is not None
+    args.rounds = 3 if args.rounds is None else args.rounds
     if args.child is not None:
         record = child(json.loads(args.child))
         print(RESULT_MARK + json.dumps(record), flush=True)
         return 0
-    args.models = [m for m in args.models.split(",") if m]
+    models_given = args.models is not None
+    args.models = [m for m in (args.models or "gpt2,convnet").split(",") if m]
     args.modes = [m for m in args.modes.split(",") if m]
     args.variants = [v for v in args.variants.split(",") if v]
-    if args.smoke:
-        args.models, args.modes, args.rounds = ["gpt2"], ["default"], 1
+    if args.smoke:  # CPU, tiny sizes, one round; gpt2 unless --models or --only say otherwise
+        args.models = args.models if models_given else ["gpt2"]
+        args.modes, args.rounds = ["default"], args.rounds if args.rounds_given else 1
         args.layers, args.seq, args.batch = 1, 16, 2
     for name, given, allowed in (
         ("--models", args.models, MODELS),

@@ -2,18 +2,21 @@
 
     python -m benchmarks.triton_library_bench [--libraries fla,liger-dyt]
         [--modes stock,use,install] [--rounds 3] [--alternations 10] [--out FILE.md]
-        [--results RUNS.jsonl] [--timeout S] [--plan] [--dry-run]
+        [--results RUNS.jsonl] [--timeout S] [--deadline S] [--plan] [--dry-run]
 
 Needs a CUDA GPU (``--plan``, ``--help`` and ``--dry-run`` do not). Each run is a fresh
 interpreter with a cold Triton cache (its own ``TRITON_CACHE_DIR``) that imports the library,
 builds the layer's inputs and runs its first training step — forward, then backward
-(autograd's own threads run the backward's kernels) — in one of three modes:
+(autograd's own threads run the backward's kernels) — in one of four modes:
 
 * ``stock`` — Triton's autotuner as it is;
 * ``use`` — ``with precompile_executor.triton.autotune.use():`` around the step (the default
   executor starts, warm, as the block opens);
 * ``install`` — ``autotune.install()`` as the process's first statement, before ``import torch``
-  and the library (the default executor warms while the program imports).
+  and the library (the default executor warms while the program imports);
+* ``screen`` — ``use(screening=True)``: every config timed with a short ``do_bench`` budget,
+  the leaders with Triton's full one (docs/triton.md, "Screening"); only when asked
+  (``--modes stock,screen``).
 
 The rounds interleave the modes (round 1: every library × mode, then round 2, …); medians are
 reported. For each run: the whole process's wall time (from the parent), the first forward, the
@@ -56,12 +59,18 @@ wheels need no compiler):
   and backward, 16 to 40 configs each (about 200): a few big autotuned GEMMs; estimated at well
   over a minute of stock time.
 
+``--libraries small`` — the six ops of ``precompile_executor.examples.library_kernels``
+(``rmsnorm,layernorm,softmax,scan,swiglu,dyt``; 36 configs each, forward and backward), each a
+library of its own: the case bounded by benchmarking, where screening is meant to pay
+(``bash benchmarks/gpu_session.sh halving``). ``--deadline S`` starts no run past S seconds (the
+check still runs), so one call of a known length leaves a report.
+
 ``--dry-run`` runs the whole benchmark on a CPU, compile-only: Triton's driver is a dry-run
 sm_90 whose launches do nothing, ``do_bench`` launches once and returns 1 ms, the layers are
 built at a small size on the CPU, and each autotuned kernel keeps its first two configs — every
 compile is real (workers and caller), nothing is timed that means anything. It exists so that a
-GPU session does not fail on a typo (only ``tma-gemm`` supports it: the other layers need CUDA
-at import or in torch ops).
+GPU session does not fail on a typo (only ``tma-gemm`` and the small ops support it: the other
+layers need CUDA at import or in torch ops).
 
 ``flag-gems`` was considered and left out: its kernels tune through ``LibTuner``, a subclass of
 ``Autotuner`` that replaces ``run`` (and keeps its own on-disk timing cache), so neither stock
@@ -72,6 +81,7 @@ without a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -86,11 +96,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LIBRARIES = ("fla", "liger-dyt", "liger-moe", "tma-gemm")
+SMALL = ("rmsnorm", "layernorm", "softmax", "scan", "swiglu", "dyt")
+"""The small ops of ``precompile_executor.examples.library_kernels`` (its ``OPS``), each run as
+a library of its own; ``small`` on the command line means all of them."""
+LIBRARIES = ("fla", "liger-dyt", "liger-moe", "tma-gemm", *SMALL)
 DEFAULT_LIBRARIES = ("fla", "liger-dyt")
 """``liger-moe`` tunes about 200 GEMM configs (est. 1.5 min of stock time on an H200): run it
 when the device time is there (``--libraries liger-moe``)."""
-MODES = ("stock", "use", "install")
+MODES = ("stock", "use", "install", "screen")
+DEFAULT_MODES = ("stock", "use", "install")
+"""``screen`` (opt-in screening) runs only when asked: ``--modes stock,screen``."""
 ROUNDS = 3
 ALTERNATIONS = 10
 RUN_TIMEOUT_S = 300.0
@@ -231,11 +246,55 @@ def _tma_gemm_step() -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return forward, backward
 
 
+SMALL_ROWS, SMALL_COLS = 8192, 4096
+"""The small ops' inputs: 8192 rows × 4096 bf16 (64 MiB a tensor), a transformer layer's
+activations for a batch of 8192 tokens of width 4096 (256 × 512 on the CPU of a
+``--dry-run``)."""
+
+
+def _small_step(op: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """One op of ``library_kernels``: its forward, then its backward."""
+    import torch
+
+    from precompile_executor.examples import library_kernels as lk
+
+    torch.manual_seed(0)
+    dev = "cpu" if DRY_RUN["on"] else "cuda"
+    rows, cols = (256, 512) if DRY_RUN["on"] else (SMALL_ROWS, SMALL_COLS)
+
+    def tensor(shape: tuple[int, ...], scale: float = 1.0) -> Any:
+        return torch.randn(shape, device=dev, dtype=torch.bfloat16) * scale
+
+    def empty(shape: tuple[int, ...], like: Any, dtype: str | None = None) -> Any:
+        kind = like.dtype if dtype is None else getattr(torch, dtype)
+        return torch.empty(shape, device=like.device, dtype=kind)
+
+    x, dy = tensor((rows, cols)), tensor((rows, cols))
+    w, b = tensor((cols,)), tensor((cols,))
+    calls: dict[str, Callable[[], tuple[Any, Callable[[Any], Any]]]] = {
+        "rmsnorm": lambda: lk.rmsnorm(x, w, empty),
+        "layernorm": lambda: lk.layernorm(x, w, b, empty),
+        "softmax": lambda: lk.softmax(x, empty),
+        "scan": lambda: lk.scan(x, empty),
+        "swiglu": lambda: lk.swiglu(x, dy, empty),
+        "dyt": lambda: lk.dyt(x, tensor((1,), 0.5), w, b, empty),
+    }
+
+    def forward() -> Any:
+        return calls[op]()
+
+    def backward(out: Any) -> None:
+        out[1](dy)
+
+    return forward, backward
+
+
 STEPS: dict[str, Callable[[], tuple[Callable[[], Any], Callable[[Any], None]]]] = {
     "fla": _fla_step,
     "liger-dyt": _liger_dyt_step,
     "liger-moe": _liger_moe_step,
     "tma-gemm": _tma_gemm_step,
+    **{op: functools.partial(_small_step, op) for op in SMALL},
 }
 
 
@@ -434,10 +493,10 @@ def child(library: str, mode: str, out: Path) -> None:
     _synchronize()
     ready_s = time.perf_counter() - origin
     block: Any = contextlib.nullcontext()
-    if mode == "use":
+    if mode in ("use", "screen"):
         from precompile_executor.triton import autotune as pe_autotune
 
-        block = pe_autotune.use()
+        block = pe_autotune.use(screening=mode == "screen")
     start = time.perf_counter()
     with block:
         output = forward()
@@ -487,7 +546,9 @@ def check_child(library: str, choices_path: Path, alternations: int, out: Path) 
         install_dry_run()
     from triton.runtime.autotuner import Autotuner
 
-    choices: dict[str, dict[str, dict[str, str]]] = json.loads(choices_path.read_text())
+    saved = json.loads(choices_path.read_text())
+    choices: dict[str, dict[str, dict[str, str]]] = saved.get("median", saved)
+    rounds: dict[str, dict[str, dict[str, list[str]]]] = saved.get("rounds", {})
     original_prune = Autotuner.prune_configs
     original_bench = Autotuner._bench
     rows: list[dict[str, Any]] = []
@@ -498,10 +559,12 @@ def check_child(library: str, choices_path: Path, alternations: int, out: Path) 
         pruned = original_prune(self, kwargs)
         key = str(_tuning_key(self, kwargs))
         by_mode = {mode: c.get(kernel, {}).get(key) for mode, c in choices.items()}
+        by_run = {mode: c.get(kernel, {}).get(key, []) for mode, c in rounds.items()}
         named = {str(c): c for c in self.configs}
         seen["keys"] += 1
         seen["matched"] += all(s in named for s in by_mode.values())
-        distinct = sorted({s for s in by_mode.values() if s in named})
+        every = [*by_mode.values(), *(s for ss in by_run.values() for s in ss)]
+        distinct = sorted({s for s in every if s in named})
         if len(distinct) < 2:
             return pruned
         args = tuple(self.nargs.values())
@@ -518,6 +581,7 @@ def check_child(library: str, choices_path: Path, alternations: int, out: Path) 
                 "key": key,
                 "ms": {mode: medians.get(s) if s else None for mode, s in by_mode.items()},
                 "choices": by_mode,
+                "rounds_ms": {mode: [medians.get(s) for s in ss] for mode, ss in by_run.items()},
             }
         )
         stock = by_mode.get("stock")
@@ -613,6 +677,18 @@ def choices_of(runs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     for tune in good[len(good) // 2]["tunes"]:
         if tune.get("key") is not None:
             chosen.setdefault(tune["kernel"], {})[tune["key"]] = tune["chosen"]
+    return chosen
+
+
+def all_choices(runs: list[dict[str, Any]]) -> dict[str, dict[str, list[str]]]:
+    """Kernel → tuning key → the config chosen by each run of one mode, in run order."""
+    chosen: dict[str, dict[str, list[str]]] = {}
+    for r in runs:
+        for tune in r.get("tunes", ()):
+            if tune.get("key") is not None and tune.get("chosen") is not None:
+                chosen.setdefault(tune["kernel"], {}).setdefault(tune["key"], []).append(
+                    tune["chosen"]
+                )
     return chosen
 
 
@@ -894,19 +970,86 @@ def report(
             )
         else:
             lines += [
-                "| kernel | key | " + " | ".join(modes) + " | worst vs stock |",
-                "| --- | --- | " + " | ".join("---" for _ in modes) + " | --- |",
+                "| kernel | key | "
+                + " | ".join(modes)
+                + " | worst vs stock | "
+                + f"runs whose choice is over {WORSE_BY:.0%} slower than stock's: "
+                + ", ".join(modes)
+                + " |",
+                "| --- | --- | " + " | ".join("---" for _ in modes) + " | --- | --- |",
             ]
             for row in check["checks"]:
                 ms = row["ms"]
                 worst = max((v for m, v in ms.items() if m != "stock" and v), default=None)
+                worse = worse_runs(row)
                 lines.append(
                     f"| `{row['kernel'].rsplit('.', 1)[-1]}` | {row['key'][:40]} | "
                     + " | ".join(_fmt(ms.get(m), 4) for m in modes)
-                    + f" | {_ratio(worst, ms.get('stock'))} |"
+                    + f" | {_ratio(worst, ms.get('stock'))} | "
+                    + ", ".join(f"{worse.get(m, '–')}" for m in modes)
+                    + " |"
                 )
         lines.append("")
+    if any(lib in SMALL for lib in libraries):
+        lines += ["## Acceptance (the small ops)", ""]
+        lines += [f"* {line}" for line in acceptance(results, checks)]
     return "\n".join(lines)
+
+
+WORSE_BY = 0.01
+"""A run's choice counts as worse than stock's when stock's ``do_bench`` times it over this much
+slower than stock's own choice (both re-timed, alternating, in one quiet process)."""
+SMALL_TARGET = 1.5
+"""The whole process of each small op's first step, stock's time over ``screen``'s."""
+
+
+def worse_runs(row: dict[str, Any]) -> dict[str, int]:
+    """Per mode, how many runs chose a config over ``WORSE_BY`` slower than stock's median-run
+    choice (a check row: ``ms`` by mode, ``rounds_ms`` by mode and run)."""
+    stock = row["ms"].get("stock")
+    if not stock:
+        return {}
+    return {
+        mode: sum(1 for v in values if v is not None and v > stock * (1 + WORSE_BY))
+        for mode, values in row.get("rounds_ms", {}).items()
+    }
+
+
+def acceptance(
+    results: dict[tuple[str, str], list[dict[str, Any]]], checks: dict[str, dict[str, Any]]
+) -> list[str]:
+    """MET / MISSED per small op and mode: the whole process ≥ ``SMALL_TARGET``× faster than
+    stock's (medians); the choice of the median run within ``WORSE_BY`` of stock's (re-timed by
+    the check); no run's choice worse than that."""
+    lines = []
+    for lib in SMALL:
+        stock = _median([r["process_s"] for r in results.get((lib, "stock"), []) if "step_s" in r])
+        for mode in ("use", "install", "screen"):
+            runs = [r for r in results.get((lib, mode), []) if "step_s" in r]
+            if not runs or stock is None:
+                continue
+            ours = _median([r["process_s"] for r in runs])
+            ratio = stock / ours if ours else None
+            rows = (checks.get(lib) or {}).get("checks", [])
+            slowest = max(
+                (
+                    r["ms"][mode] / r["ms"]["stock"]
+                    for r in rows
+                    if r["ms"].get(mode) and r["ms"].get("stock")
+                ),
+                default=1.0,
+            )
+            worse = sum(worse_runs(r).get(mode, 0) for r in rows)
+            checked = lib in checks and "error" not in checks[lib]
+            met = ratio is not None and ratio >= SMALL_TARGET and slowest <= 1 + WORSE_BY
+            lines.append(
+                f"{'MET' if met and checked and not worse else 'MISSED'}: {lib} {mode} — process "
+                f"{_fmt(stock)} → {_fmt(ours)} s, {_fmt(ratio)}× (target {SMALL_TARGET:g}×); "
+                f"chosen configs at most {slowest:.3f}× stock's choice"
+                + ("" if checked else " (check not run)")
+                + f"; {worse} runs chose over {WORSE_BY:.0%} slower than stock's choice"
+            )
+    return lines
 
 
 def _machine() -> str:
@@ -939,7 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with ``--child``/``--check``, one run of it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--libraries", default=",".join(DEFAULT_LIBRARIES), help=str(LIBRARIES))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=str(MODES))
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--alternations", type=int, default=ALTERNATIONS)
     parser.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run")
@@ -948,9 +1091,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="no GPU: compile-only on a dry-run sm_90, 2 configs per kernel (tma-gemm only)",
+        help="no GPU: compile-only on a dry-run sm_90, 2 configs per kernel (tma-gemm and the "
+        "small ops only)",
     )
     parser.add_argument("--no-check", action="store_true", help="skip the chosen-kernel check")
+    parser.add_argument(
+        "--deadline", type=float, help="start no run later than this many seconds in"
+    )
     parser.add_argument(
         "--results",
         type=Path,
@@ -969,20 +1116,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         check_child(args.check, args.choices, args.alternations, args.json)
         return 0
-    libraries = [x for x in args.libraries.split(",") if x]
+    named = [x for x in args.libraries.split(",") if x]
+    libraries = [y for x in named for y in (SMALL if x == "small" else [x])]
     modes = [x for x in args.modes.split(",") if x]
     unknown = [x for x in libraries if x not in LIBRARIES] + [x for x in modes if x not in MODES]
     if unknown:
         parser.error(f"unknown {unknown}: libraries are {LIBRARIES}, modes {MODES}")
-    if args.dry_run and libraries != ["tma-gemm"]:
-        parser.error("--dry-run runs --libraries tma-gemm only (the others need CUDA)")
+    if args.dry_run and set(libraries) - {"tma-gemm", *SMALL}:
+        parser.error("--dry-run runs --libraries tma-gemm and small only (the others need CUDA)")
     runs = plan(libraries, modes, args.rounds)
     if args.plan:
         for r, lib, mode in runs:
             print(f"round {r}: {lib} {mode}")
         return 0
     results = load_results(args.results, libraries, modes)
+    machine = _machine()
+    if args.dry_run:
+        machine = (
+            f"**DRY RUN** (--dry-run: a stand-in sm_90 GPU on a CPU; times made up). {machine}"
+        )
+    began = time.perf_counter()
     for r, lib, mode in runs:
+        if args.deadline is not None and time.perf_counter() - began > args.deadline:
+            print(f"round {r} {lib:6} {mode:8} not started: past --deadline", flush=True)
+            continue
         result, wall_s = run(["--child", lib, mode], args.timeout)
         result.update(library=lib, mode=mode, process_s=wall_s)
         results.setdefault((lib, mode), []).append(result)
@@ -999,20 +1156,23 @@ def main(argv: list[str] | None = None) -> int:
             ),
             flush=True,
         )
+        if args.out:  # after every run, so a call cut short still leaves its tables
+            args.out.write_text(report(results, {}, machine) + "\n")
     checks: dict[str, dict[str, Any]] = {}
     if not args.no_check and args.alternations > 0:
         for lib in libraries:
             choices = {m: choices_of(results.get((lib, m), [])) for m in modes}
+            rounds = {m: all_choices(results.get((lib, m), [])) for m in modes}
             scratch = Path(tempfile.mkdtemp(prefix="pe-library-choices-"))
             path = scratch / "choices.json"
-            path.write_text(json.dumps(choices))
+            path.write_text(json.dumps({"median": choices, "rounds": rounds}))
             check, _ = run(
                 ["--check", lib, "--choices", str(path), "--alternations", str(args.alternations)],
                 args.timeout,
             )
             shutil.rmtree(scratch, ignore_errors=True)
             checks[lib] = check
-    text = report(results, checks, _machine())
+    text = report(results, checks, machine)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -569,9 +570,37 @@ def results_in_order(
 # are served by the held reads of :mod:`._wire`). Why and measured: docs/design.md, "A busy
 # caller: the GIL's hand-off"; switched off with ``set_busy_switch_interval(None)``. Test:
 # tests/test_handoff.py.
+#
+# Work started inside :func:`in_background` (a warm-up, a readiness probe) is not counted: an
+# integration whose caller compiles by itself until the workers answer (Inductor) has nobody
+# waiting for that work, and the caller's own work is what the process waits for.
 
 BUSY_SWITCH_INTERVAL_S = 0.001
 """The switch interval while tasks are in flight (Python's default: 0.005 s)."""
+
+_background: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "precompile_executor_background", default=False
+)
+"""Set by :func:`in_background`: this context's tasks and warm-ups are not counted."""
+
+
+@contextlib.contextmanager
+def in_background() -> Iterator[None]:
+    """Within the block, on this thread (this context), tasks submitted and ``warm_up()`` calls
+    do not lower the switch interval.
+
+    For work nobody waits on while the caller works: an integration's background warm-up, or a
+    readiness probe whose answer the caller polls without waiting, because until it comes the
+    caller does the work itself (the Inductor integration: docs/inductor.md, "Readiness"). A
+    faster start there would only take the GIL from the caller, whose work is the critical path.
+    Whoever waits for workers to start (Helion's autotune, an explicit ``warm_up()``) keeps the
+    lower interval: that start is its critical path.
+    """
+    token = _background.set(True)
+    try:
+        yield
+    finally:
+        _background.reset(token)
 
 
 class Handoff:
@@ -598,13 +627,19 @@ class Handoff:
                 self._lower()
 
     def track(self, future: Future[Any]) -> None:
-        """Count ``future`` in flight until it is done (a done-callback of the library's own)."""
+        """Count ``future`` in flight until it is done (a done-callback of the library's own);
+        not inside :func:`in_background`."""
+        if _background.get():
+            return
         future.add_done_callback(functools.partial(self._done, self._begin()))
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
         """Count one more in flight for the block: workers starting (``warm_up()``) send their
-        hellos to the monitor while the caller may be busy."""
+        hellos to the monitor while the caller may be busy; not inside :func:`in_background`."""
+        if _background.get():
+            yield
+            return
         generation = self._begin()
         try:
             yield

@@ -38,8 +38,9 @@ from __future__ import annotations
 import contextvars
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from types import MappingProxyType
 from typing import Any, Final
 
 OFF: Final[Any] = object()
@@ -66,12 +67,14 @@ def check_executor(
 
 
 class Block:
-    """One open ``use()`` block (or an installation): which executor, whether still open."""
+    """One open ``use()`` block (or an installation): which executor, its options (what else
+    the integration's ``use()`` was given, e.g. ``{"screening": True}``), whether still open."""
 
-    __slots__ = ("executor", "number", "open")
+    __slots__ = ("executor", "number", "open", "options")
 
-    def __init__(self, executor: Any) -> None:
+    def __init__(self, executor: Any, options: Mapping[str, Any] | None = None) -> None:
         self.executor = executor
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
         self.number = next(_ids)  # entry order, for "the most recently entered"
         self.open = True
 
@@ -119,11 +122,12 @@ class Scope:
 
     # -- holders -----------------------------------------------------------------------------
 
-    def enter(self, executor: Any) -> Block:
-        """Open a block for ``executor`` in the current context; pair with :meth:`exit`."""
+    def enter(self, executor: Any, options: Mapping[str, Any] | None = None) -> Block:
+        """Open a block for ``executor`` (with ``options``) in the current context; pair with
+        :meth:`exit`."""
         with self._lock:
             self._hold()
-            block = Block(executor)
+            block = Block(executor, options)
             self._open.append(block)
         self._own.set((*self._own.get(), block))
         return block
@@ -140,15 +144,16 @@ class Scope:
             self._open.remove(block)
             self._release()
 
-    def install(self, executor: Any) -> Block | None:
-        """Make ``executor`` the process-wide fallback; return the installation it replaced."""
+    def install(self, executor: Any, options: Mapping[str, Any] | None = None) -> Block | None:
+        """Make ``executor`` (with ``options``) the process-wide fallback; return the
+        installation it replaced."""
         with self._lock:
             previous = self._installed
             if previous is None:
                 self._hold()
             else:
                 previous.open = False
-            self._installed = Block(executor)
+            self._installed = Block(executor, options)
             return previous
 
     def uninstall(self) -> Block | None:
@@ -179,15 +184,19 @@ class Scope:
 
     def current(self) -> Any:
         """The executor an autotune starting now, in this context, uses: see the module rule."""
+        block = self.current_block()
+        return OFF if block is None else block.executor
+
+    def current_block(self) -> Block | None:
+        """The block (or installation) whose executor and options an autotune starting now, in
+        this context, uses; ``None``: none (:data:`OFF`)."""
         for block in reversed(self._own.get()):
             if block.open:
-                return block.executor
+                return block
         with self._lock:
             if self._open:
-                return self._open[-1].executor
-            if self._installed is not None:
-                return self._installed.executor
-        return OFF
+                return self._open[-1]
+            return self._installed
 
     def active(self) -> bool:
         """Whether any block or an installation is open (the integration is patched)."""

@@ -187,3 +187,19 @@ def test_the_interval_is_lowered_while_workers_start() -> None:
         assert seen == [pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)]
     assert _base.handoff.in_flight() == 0
     assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
+
+
+def test_work_started_in_the_background_leaves_the_interval_alone(ex: PrecompileExecutor) -> None:
+    # An integration whose caller works by itself until the workers answer (Inductor: it
+    # compiles in the caller) warms up and probes in the background: nobody waits on that
+    # work, and a lower interval would only take the GIL from the caller.
+    with _base.in_background():
+        background = ex.options(cost=3).submit(nap, 3)
+        ex.warm_up(60)
+        assert sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S)
+    assert _base.handoff.in_flight() == 0
+    foreground = ex.submit(nap, 0.5)  # the same thread, outside the block: counted again
+    assert sys.getswitchinterval() == pytest.approx(_base.BUSY_SWITCH_INTERVAL_S)
+    foreground.result(timeout=60)
+    background.result(timeout=60)
+    assert eventually(lambda: sys.getswitchinterval() == pytest.approx(PYTHONS_DEFAULT_S))

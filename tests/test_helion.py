@@ -1631,6 +1631,10 @@ _GPU_PRELUDE = """
     from precompile_executor import PrecompileExecutor, stop_idle_workers
     import precompile_executor.helion as peh
 
+    # These scripts inject faults into spawn-mode runs: every config must reach a spawn worker,
+    # none compiled on the fork path while the workers start (docs/helion.md, "Cold start").
+    from precompile_executor.helion import _future
+    _future.STEALS_WHILE_WORKERS_START = False
     FAULT = os.environ.get("PE_FAULT", "")
 
     @helion.kernel(static_shapes=True)

@@ -32,10 +32,11 @@ import crashers  # noqa: E402
 from helion.autotuner import effort_profile  # noqa: E402
 from helion.autotuner.precompile_future import PrecompileFuture  # noqa: E402
 from test_helion import _create, _fork_batch, _inject, _jit  # noqa: E402
+from test_helion_child import held_until  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from precompile_executor import PrecompileExecutor  # noqa: E402
-from precompile_executor.helion import _adaptive  # noqa: E402
+from precompile_executor.helion import _adaptive, _future  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -375,3 +376,75 @@ def test_streamed_the_hung_config_is_cut_and_helion_records_a_timeout(
     ]
     named = [line for line in lines if str(configs[0]) in line]
     assert len(named) == 1 and "lower bound 2s" in named[0] and "(Search)" in named[0]
+
+
+@pytest.mark.timeout(240)
+def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_answer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spawn mode, ``use(ex)`` on an executor whose workers have not started: the configs queued
+    for a spawn worker are compiled on the fork path meanwhile (counted), and come out as native
+    fork mode's. (On this machine a spawn task itself could not run: launching needs a GPU, so a
+    config that reached a worker would fail the test.)"""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    with _fork_batch(tmp_path / "native") as (bound, args, ctx):
+        configs = _many_configs(bound, 4)
+        native = [
+            PrecompileFuture.create(
+                ctx=ctx, config=c, fn=bound.compile_config(c), args=args,
+                result_path=str(tmp_path / f"r{i}.pkl"), args_path=None,
+            )
+            for i, c in enumerate(configs)
+        ]  # fmt: skip
+        expected = PrecompileFuture.wait_for_all(native)
+    stolen: list[int] = []
+    real_close = _future.Stream.close
+
+    def close(stream: Any) -> None:
+        stolen.append(stream.stolen)
+        real_close(stream)
+
+    gate = tmp_path / "workers-may-start"
+    with (
+        _fork_batch(tmp_path / "ours") as (bound, args, ctx),
+        # Its workers cannot answer before the gate opens (after the batch): no pooled worker
+        # of another test's executor fits this initializer, and none of its own is ready.
+        PrecompileExecutor(2, initializer=held_until, initargs=(str(gate),)) as executor,
+        pytest.MonkeyPatch.context() as mp,
+    ):
+        mp.setattr(_future.Stream, "close", close)
+        ctx.settings.autotune_precompile = "spawn"
+        ctx.jobs = 4
+        configs = _many_configs(bound, 4)
+        with peh.use(executor):
+            futures = [_create(ctx, bound, c, args) for c in configs]
+            assert all(f.path == "spawn" and f.fallback is not None for f in futures)
+            ours = PrecompileFuture.wait_for_all(futures)
+        stats = executor.statistics()
+        gate.touch()
+    assert ours == expected == [True] * 4
+    assert stolen == [4] and [f.process.path for f in futures] == ["fork"] * 4
+    assert (stats.spawn_tasks, stats.fork_tasks, stats.cancelled) == (0, 4, 4), stats
+    assert sorted(os.listdir(tmp_path / "ours" / "triton")) == sorted(
+        os.listdir(tmp_path / "native" / "triton")
+    )
+    assert (
+        sum("while the executor's spawn workers start" in r.getMessage() for r in caplog.records)
+        == 1
+    )
+
+
+@pytest.mark.timeout(240)
+def test_spawn_mode_on_warm_workers_steals_nothing(tmp_path: Path) -> None:
+    """Once the executor has started a spawn task, configs are prepared without a fork-path
+    stand-in: every one goes to the workers."""
+    with (
+        _fork_batch(tmp_path) as (bound, args, ctx),
+        PrecompileExecutor(1, initializer=peh.import_helion) as executor,
+    ):
+        executor.submit(os.getpid).result(timeout=120)  # a spawn task started: workers answered
+        ctx.settings.autotune_precompile = "spawn"
+        (config,) = _many_configs(bound, 1)
+        with peh.use(executor):
+            future = _create(ctx, bound, config, args)
+        assert future.path == "spawn" and future.fallback is None

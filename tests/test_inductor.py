@@ -9,10 +9,13 @@ Dynamo; the executor is shared by the module (its warm template imports torch on
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,28 @@ def _compile_and_check(model: torch.nn.Module) -> None:
         torch.testing.assert_close(torch.compile(model)(x), model(x))
 
 
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} after {WAIT_S} s"
+        time.sleep(0.05)
+
+
+def _pool_ready() -> bool:
+    from torch._inductor.async_compile import AsyncCompile
+
+    return bool(AsyncCompile.use_process_pool())
+
+
+@contextlib.contextmanager
+def use_ready(executor: Any) -> Iterator[Any]:
+    """``inductor.use(executor)``, entered once a worker has answered Inductor's readiness
+    probe: until then Inductor compiles in the caller (test_..._in_the_caller_until_...)."""
+    with inductor.use(executor) as used:
+        _wait_until(_pool_ready, "ready")
+        yield used
+
+
 def _chain(error: BaseException) -> list[BaseException]:
     found: list[BaseException] = []
     current: BaseException | None = error
@@ -118,16 +143,199 @@ def test_a_use_block_compiles_on_the_executor_with_results_equal_to_eager(
     before = inductor.statistics()
     completed_before = executor.statistics().completed
     assert not inductor.installed()
-    with inductor.use(executor) as used:
+    with use_ready(executor) as used:
         assert used is executor
         assert inductor.installed()
         _compile_and_check(Scaled(1.5))
     after = inductor.statistics()
     assert after.cpp > before.cpp
     assert after.failed == before.failed
-    assert executor.statistics().completed - completed_before == after.total - before.total
+    probe = 1  # the readiness probe, sent once per executor (state.reset() forgets it)
+    assert executor.statistics().completed - completed_before == after.total - before.total + probe
     assert not inductor.installed()
     assert _inductor_originals() == originals
+
+
+def _gated_import_inductor(gate: str) -> None:
+    """A worker initializer that holds the worker's start until ``gate`` exists (at most
+    ``GATE_WAIT_S``), then imports Inductor as the default executor's template does."""
+    import os
+    import time
+
+    from precompile_executor.inductor import import_inductor
+
+    deadline = time.monotonic() + GATE_WAIT_S
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    import_inductor()
+
+
+def _train_and_check(model: torch.nn.Module) -> None:
+    """One training step's forward and backward, compiled, against eager's gradients."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    x = _inputs()
+    torch.compile(model)(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for (name, compiled), (_, eager) in zip(
+        model.named_parameters(), twin.named_parameters(), strict=True
+    ):
+        assert compiled.grad is not None, name
+        torch.testing.assert_close(compiled.grad, eager.grad, msg=name)
+
+
+def test_compiles_run_in_the_caller_counted_until_a_worker_answers_then_on_the_workers(
+    tmp_path: Path,
+) -> None:
+    # Stock Inductor compiles in the caller until its pool has answered a no-op; so must use():
+    # a compile sent to workers that are still starting would wait for them. The one worker's
+    # start is held by a gate; until it opens, nothing runs on the executor, every build is
+    # counted as the caller's, and the pending probe leaves the switch interval alone.
+    from torch._inductor.async_compile import AsyncCompile
+
+    gate = tmp_path / "gate"
+    interval = sys.getswitchinterval()
+    before = inductor.statistics()
+    with (
+        PrecompileExecutor(1, initializer=_gated_import_inductor, initargs=(str(gate),)) as ex,
+        inductor.use(ex),
+    ):
+        assert not AsyncCompile.use_process_pool()  # the probe is sent; nobody answered yet
+        _compile_and_check(Scaled(3.0))
+        assert not AsyncCompile.use_process_pool()
+        during = inductor.statistics()
+        assert during.caller_cpp > before.caller_cpp
+        assert during.total == before.total and ex.statistics().completed == 0
+        assert sys.getswitchinterval() == interval
+
+        gate.touch()
+        _wait_until(_pool_ready, "ready")
+        _train_and_check(Scaled(3.5))  # forward and backward, now on the worker
+        after = inductor.statistics()
+    assert after.cpp >= during.cpp + 2, after  # the forward's kernel and the backward's
+    assert after.caller_cpp == during.caller_cpp and after.failed == before.failed
+
+
+def test_an_executor_that_fails_the_probe_leaves_compiles_in_the_caller_warning_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from torch._inductor.async_compile import AsyncCompile
+
+    closed = PrecompileExecutor(1)
+    closed.shutdown()
+    with caplog.at_level("WARNING", logger="precompile_executor.inductor"):
+        with inductor.use(closed):
+            assert not AsyncCompile.use_process_pool()
+            assert not AsyncCompile.use_process_pool()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "readiness probe" in warnings[0].getMessage()
+    assert "in the caller" in warnings[0].getMessage()
+
+
+def test_an_executor_dropped_after_its_probe_is_collected() -> None:
+    # The probes are kept weakly by executor; a probe that held its executor would keep every
+    # executor ever used in a block alive, and one dropped without shutdown() never shut down.
+    import gc
+    import weakref
+
+    ex = PrecompileExecutor(1)
+    with inductor.use(ex):
+        _wait_until(_pool_ready, "ready")
+    dropped = weakref.ref(ex)
+    del ex
+    gc.collect()
+    assert dropped() is None
+
+
+ORDER_PROGRAM = """
+import json
+import sys
+
+import torch
+
+import precompile_executor.inductor as inductor
+from precompile_executor.inductor import _default
+
+MARKERS = ("torch._inductor.async_compile", "torch._inductor.select_algorithm")
+events = []
+build = _default.default_executor
+
+
+def default_executor():
+    events.append(["warm-up starts", [m for m in MARKERS if m in sys.modules]])
+    executor = build()
+    events.append(["warming", inductor.state.warming is not None])
+    return executor
+
+
+_default.default_executor = default_executor
+if sys.argv[1] == "use":
+    with inductor.use():
+        events.append(["patched", [m for m in MARKERS if m in sys.modules]])
+else:
+    inductor.install()
+    events.append(["patched", [m for m in MARKERS if m in sys.modules]])
+inductor.state.reset()
+print("EVENTS " + json.dumps(events))
+"""
+
+
+@pytest.mark.parametrize("form", ["use", "install"])
+def test_use_and_install_start_the_default_executors_warm_up_before_importing_inductor(
+    form: str,
+) -> None:
+    # The seam's check imports Inductor (seconds); the template's import of torch should run
+    # meanwhile, not after. A fresh interpreter: torch imported, Inductor not yet.
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="2")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent)] + sys.path)
+    done = subprocess.run(
+        [sys.executable, "-c", ORDER_PROGRAM, form],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("EVENTS ")][-1]
+    events = json.loads(line.removeprefix("EVENTS "))
+    assert events == [
+        ["warm-up starts", []],
+        ["warming", True],
+        ["patched", ["torch._inductor.async_compile", "torch._inductor.select_algorithm"]],
+    ]
+
+
+def test_the_default_executor_has_as_many_workers_as_inductors_own_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._inductor import config
+
+    from precompile_executor.inductor import _default
+
+    with config.patch(compile_threads=5):  # Inductor's config is a module of its own kind
+        assert _default.compile_threads() == 5  # what the program set, Inductor imported
+    monkeypatch.delitem(sys.modules, "torch._inductor.config")  # not imported yet: its rule
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    assert _default.compile_threads() == 3
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
+    assert _default.compile_threads() == min(32, len(os.sched_getaffinity(0)))
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "many")
+    with pytest.raises(ValueError, match="TORCHINDUCTOR_COMPILE_THREADS must be a whole number"):
+        _default.compile_threads()
+    monkeypatch.undo()
+
+    # One compile thread: Inductor compiles in the caller on purpose; no worker is started.
+    from torch._inductor.async_compile import AsyncCompile
+
+    with config.patch(compile_threads=1), inductor.use():
+        assert not AsyncCompile.use_process_pool()
+        assert inductor.state.warming is None
+        default = inductor.state.default
+        assert default is not None and default.statistics().workers_alive == 0
 
 
 def test_inductors_pool_is_the_executor_of_the_innermost_block_then_the_newest(
@@ -142,7 +350,6 @@ def test_inductors_pool_is_the_executor_of_the_innermost_block_then_the_newest(
             return threads.submit(lambda: AsyncCompile.process_pool().executor).result(WAIT_S)
 
     with inductor.use(executor):
-        assert AsyncCompile.use_process_pool()  # ready at once: no probe task to wait for
         assert AsyncCompile.process_pool().executor is executor
         with inductor.use(inner):
             assert AsyncCompile.process_pool().executor is inner
@@ -165,7 +372,8 @@ def test_state_reset_closes_every_holder_stops_the_default_and_counts_from_zero(
     state = inductor.state
     default, warming = state.default, state.warming
     assert default is not None and warming is not None
-    assert inductor.statistics().total > 0
+    counted = inductor.statistics()  # on the default executor, or in the caller while it warms
+    assert counted.total + counted.in_caller > 0
 
     state.reset()
 
@@ -186,6 +394,7 @@ def test_install_sends_every_threads_compiles_until_uninstall(
     before = inductor.statistics()
     inductor.install(executor)
     try:
+        _wait_until(_pool_ready, "ready")
         errors: list[BaseException] = []
 
         def compile_here() -> None:
@@ -224,7 +433,7 @@ def test_a_cpp_template_choice_precompiles_on_the_executor_and_its_library_runs(
     meta = TensorMeta(torch.device("cpu"), torch.float32, (8,), (1,), 0)
     request = CppBenchmarkRequest("double_it", [meta], [meta], [], CPP_CHOICE_SOURCE)
     before = inductor.statistics()
-    with inductor.use(executor), ThreadPoolExecutor(1) as threads:
+    with use_ready(executor), ThreadPoolExecutor(1) as threads:
         threads.submit(request.precompile).result(timeout=WAIT_S)
     after = inductor.statistics()
     assert after.template == before.template + 1
@@ -326,7 +535,7 @@ def test_a_triton_kernel_compiles_in_a_worker_and_its_error_keeps_its_type(
     from torch._inductor.async_compile import AsyncCompile
 
     before = inductor.statistics()
-    with inductor.use(executor):
+    with use_ready(executor):
         kernel = AsyncCompile().triton("triton_poi_double_0", TRITON_KERNEL_SOURCE)
         with pytest.raises(RuntimeError, match="active GPU backend") as info:
             kernel.result()
@@ -372,7 +581,7 @@ def test_a_compile_over_its_memory_limit_fails_naming_memory_and_the_next_compil
 ) -> None:
     model = Scaled(3.5)
     failed_before = inductor.statistics().failed
-    with inductor.use(executor.options(memory_limit=TINY_MEMORY_LIMIT_BYTES)):
+    with use_ready(executor.options(memory_limit=TINY_MEMORY_LIMIT_BYTES)):
         with pytest.raises(Exception) as info:
             _compile_and_check(model)
     errors = [e for e in _chain(info.value) if isinstance(e, TaskMemoryError)]
@@ -405,14 +614,14 @@ def test_a_compile_that_crashes_or_hangs_fails_alone_and_the_next_compile_works(
     marker = "7777.5"  # the faulty kernel's literal, as Inductor writes it into the C++ source
     compiler = crashers.write_faulty_compiler(str(tmp_path), marker=marker, action=action)
     with config.patch({"cpp.cxx": (compiler,)}):
-        with inductor.use(executor.options(timeout=timeout)):
+        with use_ready(executor.options(timeout=timeout)):
             with pytest.raises(Exception) as info:
                 _compile_and_check(Scaled(float(marker)))
         assert any(isinstance(e, error) for e in _chain(info.value)), _chain(info.value)
 
         torch._dynamo.reset()
         before = inductor.statistics()
-        with inductor.use(executor):
+        with use_ready(executor):
             _compile_and_check(Scaled(0.5))  # the same compiler, the same executor
         assert inductor.statistics().cpp > before.cpp
 
@@ -479,7 +688,7 @@ def test_gpu_triton_kernels_and_template_choices_compile_on_the_executor(
     ).cuda()
     x = torch.randn(64, 256, device="cuda")
     before = inductor.statistics()
-    with torch.no_grad(), inductor.use(executor):
+    with torch.no_grad(), use_ready(executor):
         out = torch.compile(model, mode=mode)(x)
         torch.cuda.synchronize()
     torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-3)
@@ -531,7 +740,7 @@ def test_gpu_a_template_choice_compiled_on_the_executor_is_benchmarked_without_c
     model = torch.nn.Linear(384, 640).cuda().half()
     x = torch.randn(192, 384, device="cuda", dtype=torch.half)
     before = inductor.statistics()
-    with torch.no_grad(), inductor.use(executor):
+    with torch.no_grad(), use_ready(executor):
         out = torch.compile(model, mode="max-autotune")(x)
         torch.cuda.synchronize()
     torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)

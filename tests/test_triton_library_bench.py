@@ -201,6 +201,140 @@ def test_help_and_plan_run_without_a_gpu() -> None:
     ]
 
 
+# -- the small ops (--libraries small) ----------------------------------------------------------
+
+
+def test_the_small_ops_are_the_examples_ops() -> None:
+    from precompile_executor.examples import library_kernels
+
+    assert bench.SMALL == library_kernels.OPS == tuple(library_kernels.KERNELS)
+    for forward, backward in library_kernels.KERNELS.values():
+        assert len(forward.configs) >= 18 and len(backward.configs) >= 18
+    assert "screen" not in bench.DEFAULT_MODES  # opt-in, as screening itself
+
+
+_INTERPRETED_OPS = """
+import torch
+from precompile_executor.examples import library_kernels as lk
+
+for forward, backward in lk.KERNELS.values():
+    for kernel in (forward, backward):
+        kernel.configs = kernel.configs[:1]  # one config: no benchmark in the interpreter
+torch.manual_seed(0)
+M, N = 37, 96  # neither a power of two: the masks are exercised
+x, dy, w, b, a2 = torch.randn(M, N), torch.randn(M, N), torch.randn(N), torch.randn(N), torch.randn(M, N)
+alpha = torch.tensor([0.5])
+
+def empty(shape, like, dtype=None):
+    return torch.empty(shape, dtype=like.dtype if dtype is None else getattr(torch, dtype))
+
+def reference(fn, *inputs):
+    inputs = [t.clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    out.backward(dy)
+    return [out.detach()] + [t.grad.reshape(-1) if t.dim() == 1 else t.grad for t in inputs]
+
+def ours(op, *inputs):
+    y, backward = op(*inputs, empty)
+    grads = backward(dy)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    return [y] + [g.reshape(-1) if g.dim() <= 1 else g for g in grads]
+
+cases = {
+    "rmsnorm": (lk.rmsnorm, (x, w),
+                lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w),
+    "layernorm": (lk.layernorm, (x, w, b),
+                  lambda x, w, b: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)),
+    "softmax": (lk.softmax, (x,), lambda x: torch.softmax(x, -1)),
+    "scan": (lk.scan, (x,), lambda x: torch.cumsum(x, -1)),
+    "swiglu": (lk.swiglu, (x, a2), lambda a, b: torch.nn.functional.silu(a) * b),
+    "dyt": (lk.dyt, (x, alpha, w, b), lambda x, a, g, bt: g * torch.tanh(a * x) + bt),
+}
+assert sorted(cases) == sorted(lk.OPS)
+for name, (op, inputs, fn) in cases.items():
+    for i, (got, want) in enumerate(zip(ours(op, *inputs), reference(fn, *inputs), strict=True)):
+        err = float((got - want).abs().max() / want.abs().max().clamp_min(1e-6))
+        assert err < 1e-4, (name, i, err)
+    print(name, "ok")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_small_ops_match_torch_forward_and_backward_in_tritons_interpreter() -> None:
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED_OPS],
+        cwd=REPO,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [word for op in bench.SMALL for word in (op, "ok")]
+
+
+def test_worse_choices_are_counted_per_run_against_stocks_choice() -> None:
+    row = {
+        "kernel": "m.scan_fwd_kernel",
+        "key": "(8192, 4096)",
+        "ms": {"stock": 1.0, "screen": 1.005},
+        "rounds_ms": {"stock": [1.0, 1.02, 1.0], "screen": [1.005, 1.0, 1.03]},
+    }
+    assert bench.worse_runs(row) == {"stock": 1, "screen": 1}
+    run = {"forward_s": 1.0, "tune_s": 1.0, "floor_s": 0.5, "tunes": [], "executor": {}}
+    results = {
+        ("scan", "stock"): [{**run, "step_s": 9.0, "process_s": 12.0}] * 3,
+        ("scan", "screen"): [{**run, "step_s": 3.0, "process_s": 7.0}] * 3,
+    }
+    checks = {"scan": {"keys": 2, "matched": 2, "checks": [row]}}
+    (line,) = bench.acceptance(results, checks)
+    assert line.startswith("MISSED: scan screen") and "1.71×" in line and "1 runs" in line
+    row["rounds_ms"]["screen"] = [1.005] * 3
+    (line,) = bench.acceptance(results, checks)
+    assert line.startswith("MET: scan screen")
+    text = bench.report(results, checks, "machine")
+    assert "## Acceptance (the small ops)" in text
+    assert "| `scan_fwd_kernel` | (8192, 4096) | 1.0000 | 1.0050 | 1.00× | 1, 0 |" in text
+
+
+@pytest.mark.timeout(600)
+def test_the_small_ops_benchmark_runs_end_to_end_in_a_dry_run(tmp_path: Path) -> None:
+    """``--dry-run --libraries softmax --modes stock,screen``: stock and screening on a dry-run
+    sm_90 (every compile real, two configs per kernel), the check, the acceptance lines."""
+    out = tmp_path / "report.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.triton_library_bench",
+            "--dry-run",
+            "--libraries",
+            "softmax",
+            "--modes",
+            "stock,screen",
+            "--rounds",
+            "1",
+            "--alternations",
+            "1",
+            "--out",
+            str(out),
+        ],  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = out.read_text()
+    assert "FAILED" not in done.stdout and "failed:" not in text
+    assert "| stock |" in text and "| screen |" in text
+    assert "Chosen-kernel check" in text and "not run" not in text
+    assert "## Acceptance (the small ops)" in text and ": softmax screen" in text
+    assert "**DRY RUN**" in text
+
+
 def test_the_tma_layer_runs_end_to_end_compile_only_in_a_dry_run() -> None:
     """``--dry-run``: the TMA GEMM layer's first step under ``use()`` on a dry-run sm_90 (every
     compile real, two configs per kernel): the three kernels tune, no launch missed the

@@ -354,6 +354,37 @@ def test_a_specialisation_no_hook_reproduces_warns_once_and_the_kernel_is_tuned_
     assert kernel.best_config.kwargs == {"BLOCK_M": 32, "BLOCK_N": 64}
 
 
+def test_a_screened_tune_that_falls_back_to_stock_times_every_config_in_full(
+    pool: RecordingPool, gpu: SignatureGPU, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The same miss, with screening asked for and Triton's default benchmarker (scripted): the
+    # tune turns to stock after the first screen, and that screen is not left to compete with
+    # Triton's full timings of the others (docs/triton.md, "Screening").
+    def set_blocks(nargs: dict[str, Any], reset_only: bool = False) -> None:
+        for name in ("x_desc", "y_desc"):
+            nargs[name].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
+
+    timed = Bench(gpu)
+    budgets: list[tuple[tuple[int, int], float]] = []
+
+    def benchmarker(fn: Any, warmup: float = 25, rep: float = 100, **kwargs: Any) -> list[float]:
+        result = timed(fn)
+        budgets.append(((gpu.launches[-1]["BLOCK_M"], gpu.launches[-1]["BLOCK_N"]), rep))
+        return result
+
+    gpu.get_benchmarker = lambda: benchmarker  # type: ignore[attr-defined]
+    blocks = [*BLOCKS, (32, 32)]  # more configs than could all be finalists: screened
+    configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=4) for m, n in blocks]
+    kernel = triton.autotune(configs=configs, key=["size"], pre_hook=set_blocks)(tma_scale_sized)
+    with caplog.at_level(logging.WARNING, logger=LOGGER), pe_autotune.use(pool, screening=True):
+        kernel[GRID](*_descriptors(), SIZE)
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+    assert any(rep < 100 for _, rep in budgets)  # it did screen before the miss
+    last = {block: rep for block, rep in budgets}
+    assert sorted(last) == sorted(blocks) and set(last.values()) == {100}
+    assert kernel.best_config.kwargs == {"BLOCK_M": 32, "BLOCK_N": 64}
+
+
 @triton.jit
 def tma_scale_sized(x_desc, y_desc, size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     om = tl.program_id(0) * BLOCK_M

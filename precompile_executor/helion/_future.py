@@ -108,6 +108,15 @@ class HelionFuture:
     """Path ``"cluster"``: the ``CompileJob``; ``future`` is its future."""
     cut: _adaptive.Threshold | None = None
     """Set when the stream cut this config by Helion's adaptive timeout (``Stream``)."""
+    fallback: ForkStandIn | None = None
+    """Spawn mode, while the executor has started no spawn task: what the config's fork-mode
+    compile is prepared from, should the stream run it instead of a spawn task no worker has
+    taken (``Stream._steal_while_workers_start``)."""
+    submitted_at: float | None = None
+    """``time.monotonic()`` when the stream submitted the task."""
+    stealing: bool = False
+    """Set while the stream cancels the spawn task to run :attr:`fallback` (``Stream._done``
+    then drops the cancelled future)."""
 
     @property
     def task_future(self) -> Future[Any] | None:
@@ -199,7 +208,10 @@ def create(
                 ' Set HELION_AUTOTUNE_PRECOMPILE="fork" to fall back to fork mode.'
             ) from err
         task = generated_kernel(spec, lease_dir())
-        return HelionFuture(ctx, config, "spawn", task, timeout, decorator)
+        spawned = HelionFuture(ctx, config, "spawn", task, timeout, decorator)
+        if _may_steal(_warm.current_executor()):
+            spawned.fallback = ForkStandIn(fn, tuple(args))
+        return spawned
     # Fork mode, exactly as Helion prepares it: the launch arguments are captured here.
     try:
         precompiler = _prepare_precompiler_for_fork(
@@ -222,6 +234,56 @@ def create(
     return HelionFuture(
         ctx, config, "fork", ForkCompile(precompiler, decorator), timeout, decorator
     )
+
+
+STEALS_WHILE_WORKERS_START = True
+"""Spawn mode: while the executor has started no spawn task (its workers still start), the
+autotuner's thread compiles queued configs on the fork path instead (docs/helion.md, "Cold start:
+nothing waits for workers"). ``False``: every config waits for a spawn worker."""
+
+STEAL_AFTER_S = 0.5
+"""A spawn task is run on the fork path instead only once it has waited this long for a worker:
+warm workers take a task within milliseconds, so a warm executor never loses one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkStandIn:
+    """What a spawn-mode config's fork-mode compile is prepared from, if it comes to that:
+    Helion's compiled function and the batch's arguments."""
+
+    fn: Any
+    args: tuple[object, ...]
+
+
+def _may_steal(executor: Any) -> bool:
+    """Whether spawn tasks on ``executor`` may still run on the fork path instead: a local
+    executor that has started no spawn task yet."""
+    return (
+        STEALS_WHILE_WORKERS_START
+        and isinstance(executor, PrecompileExecutor)
+        and not executor.statistics().spawn_tasks
+    )
+
+
+def _fork_compile(hf: HelionFuture) -> ForkCompile | None:
+    """``hf``'s fork-mode compile, prepared as Helion's fork mode prepares it (the host code run
+    with a launcher that only captures its arguments), or ``None`` if that fails or the kernel is
+    in Triton's memory cache already: the config then waits for a spawn worker."""
+    from helion.autotuner.precompile_future import _prepare_precompiler_for_fork
+
+    assert hf.fallback is not None
+    ctx = hf.ctx
+    try:
+        precompiler = _prepare_precompiler_for_fork(
+            hf.fallback.fn, hf.fallback.args, hf.config, ctx.kernel, hf.decorator, ctx.log
+        )
+    except Exception as error:  # noqa: BLE001 - the spawn task reports it, as without this
+        log.debug("no fork-path stand-in for %s: %s", hf.config, error)
+        return None
+    if precompiler is None:
+        return None
+    _warm.wait_caller_warm_up()
+    return ForkCompile(precompiler, hf.decorator)
 
 
 # -- wait_for_all --------------------------------------------------------------------------------
@@ -344,6 +406,9 @@ class Stream:
         self._rule: _adaptive.AdaptiveRule | None = None
         self._rule_read = False
         self._compile_times: list[float] = []
+        self._steals_over = not STEALS_WHILE_WORKERS_START
+        self.stolen = 0
+        """Spawn-mode configs compiled on the fork path while the workers started."""
         self._lock = threading.RLock()
         self._waiting: collections.deque[HelionFuture] = collections.deque()
         self._running: dict[Future[Any], HelionFuture] = {}
@@ -400,6 +465,7 @@ class Stream:
                 self._submit_more()
                 if self._input_closed and self._handed == len(self._all):
                     return
+            self._steal_while_workers_start()
             self._cut_overdue()
             t0 = time.perf_counter()
             try:
@@ -430,6 +496,63 @@ class Stream:
                 hf.end_time = hf.end_time or now
                 hf.ok = False
                 hf.failure_reason = "error"
+
+    def _steal_while_workers_start(self) -> None:
+        """Spawn mode on a cold executor: until it has started a spawn task, each queued spawn
+        task that no worker has taken (its future still cancellable: the executor keeps a task
+        PENDING until a worker really starts it) is cancelled and its config compiled on the
+        fork path instead (:attr:`HelionFuture.fallback`, compile only, as Helion's fork mode) —
+        the autotune does not wait for the workers' start-up; once a worker has answered, the
+        rest go to the workers. Autotuner's thread only (the fork path forks the caller)."""
+        if self._steals_over:
+            return
+        waited = time.monotonic() - STEAL_AFTER_S
+        with self._lock:
+            queued = [
+                (future, hf)
+                for future, hf in self._running.items()
+                if hf.path == "spawn"
+                and hf.fallback is not None
+                and hf.submitted_at is not None
+                and hf.submitted_at <= waited
+                and not future.running()
+            ]
+        if not queued:
+            return
+        if not _may_steal(self._executor):
+            self._steals_over = True
+            return
+        for future, hf in queued:
+            compile_task = _fork_compile(hf)
+            if compile_task is None:
+                hf.fallback = None
+                continue
+            with self._lock:
+                if self._closed:
+                    return
+                hf.stealing = True
+                try:
+                    taken = future.cancel()  # runs _done here when it succeeds
+                finally:
+                    hf.stealing = False
+                if not taken:
+                    continue  # a worker started it: it stays a spawn task
+                hf.path, hf.task, hf.fallback = "fork", compile_task, None
+                try:
+                    new = self._submit(hf)
+                except BaseException as error:  # the executor is shut down, say
+                    new = Future()
+                    new.set_exception(error)
+                hf.future = new
+                self._running[new] = hf
+                self.stolen += 1
+                if self.stolen == 1:
+                    log.info(
+                        "compiling Helion configs on the fork path (compile only) while the "
+                        "executor's spawn workers start (docs/helion.md, \"Cold start: nothing "
+                        'waits for workers")'
+                    )
+            new.add_done_callback(self._done)
 
     def _cut_overdue(self) -> None:
         """Helion's adaptive timeout, from this batch's compile times (``_adaptive``): cut every
@@ -490,6 +613,7 @@ class Stream:
                 self._finished.put(hf)
                 continue
             hf.future = future
+            hf.submitted_at = time.monotonic()
             self._running[future] = hf
             future.add_done_callback(self._done)
 
@@ -513,8 +637,8 @@ class Stream:
     def _done(self, future: Future[Any]) -> None:
         with self._lock:
             hf = self._running.pop(future, None)
-            if hf is None:
-                return
+            if hf is None or hf.stealing:  # a stolen spawn task: its config runs on
+                return  # the fork path now (_steal_while_workers_start)
             hf.end_time = time.time()
             self._finished.put(hf)
             # Spawn and cluster tasks are sends: refill the window from here, while the

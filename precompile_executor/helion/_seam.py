@@ -459,9 +459,11 @@ def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
     refused there (docs/helion.md, "On a cluster"). Without an
     executor, the process's executor for Helion is built once (``import_helion`` in the template,
     the current CUDA device, Helion's ``autotune_precompile_jobs``) and, in spawn mode, warmed in
-    the background at once. An autotune in the block starts Helion's benchmark subprocess when
-    its provider is built and, at its end, keeps it warm for the next autotune while a holder is
-    open; when the last holder leaves, a spare nobody took is killed.
+    the background at once; until a spawn worker has answered, configs waiting for one are
+    compiled on the fork path instead (docs/helion.md, "Cold start: nothing waits for
+    workers"). An autotune in the block starts Helion's benchmark subprocess when its provider is
+    built and, at its end, keeps it warm for the next autotune while a holder is open; when the
+    last holder leaves, a spare nobody took is killed.
 
     Example::
 

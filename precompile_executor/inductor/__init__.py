@@ -11,7 +11,9 @@ Scoped::
 or process-wide: ``precompile_executor.inductor.install()`` (``uninstall()`` undoes it). Without
 an argument both use the process's shared default executor (Inductor's worker count, a warm
 template with torch and Inductor imported, warmed in the background); ``use(ex)`` takes an
-executor of your own, whose ``timeout`` and ``memory_limit`` then bound every compile.
+executor of your own, whose ``timeout`` and ``memory_limit`` then bound every compile. As
+stock Inductor does with its own pool, compiles go to the executor once a worker has answered
+a readiness probe; until then Inductor compiles in the caller, and :func:`statistics` counts it.
 
 Inside, Inductor's Triton kernels, its C++ kernel builds and max-autotune's precompiles of
 template choices run in the executor's processes instead of Inductor's compile pool and the

@@ -12,14 +12,18 @@ Inductor hands every compile it runs in the background to one of two places, bot
   is ``functools.partial(_worker_compile_cpp, lock_path, builders)``, which runs the compiler
   and leaves the library on disk for the caller's ``load_fn`` to load.
 
-:class:`Routes` holds the replacements ``_seam`` installs: ``use_process_pool`` is true at once,
+:class:`Routes` holds the replacements ``_seam`` installs: ``use_process_pool`` is true once a
+worker of the executor in scope has answered a real probe (:class:`Readiness`, as stock gates
+its own pool; until then Inductor compiles in the caller, counted in :data:`COUNTS`),
 ``process_pool`` is a small adapter (:class:`ExecutorPool`) that sends the task to the executor
-in scope, ``submit`` sends C++ builds there and leaves every other task to Inductor's threads,
+in scope, ``submit`` sends C++ builds there once it is ready and leaves every other task to
+Inductor's threads, ``triton`` is Inductor's, counted when it compiled in the caller,
 ``make_precompile_fn`` marks the compiles it submits as template precompiles, and
 ``CppBenchmarkRequest.precompile`` (max-autotune's C++ template choices, built in a thread of
-the caller by stock) builds through the same C++ route. Each task is Inductor's own function and
-arguments; its result comes back pickled, as from Inductor's own pool, and lands where Inductor
-puts it (its code caches, ``CompiledTritonKernels``, the kernel objects).
+the caller by stock) builds through the same C++ route once the executor is ready. Each task
+is Inductor's own function and arguments; its result comes back pickled, as from Inductor's own
+pool, and lands where Inductor puts it (its code caches, ``CompiledTritonKernels``, the kernel
+objects).
 
 A compile that the *executor* failed — its worker crashed, it ran past the timeout or past the
 memory limit — reaches Inductor as that error (``WorkerCrashedError``, ``TaskTimeoutError``,
@@ -43,18 +47,24 @@ import itertools
 import logging
 import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from typing import Any, Final
 
 from .. import TaskMemoryError, TaskTimeoutError, WorkerCrashedError
-from .._base import BaseExecutor
+from .._base import BaseExecutor, in_background
 
 log = logging.getLogger("precompile_executor.inductor")
 
 KINDS: Final = ("cpp", "triton", "template", "other")
 """What a compile sent to the executor was: a C++ kernel, a Triton kernel, a max-autotune
 template choice (Triton or C++), or another Inductor pool task (CuteDSL and similar)."""
+
+CALLER_KINDS: Final = ("cpp", "triton", "template")
+"""The kinds counted when Inductor compiled them in the caller because the executor was not
+ready (no worker had answered its probe yet, or it failed the probe)."""
 
 FAULTS: Final = (WorkerCrashedError, TaskTimeoutError, TaskMemoryError)
 """Failures that are the executor's verdict on the process, not the compiler's on the code."""
@@ -71,6 +81,11 @@ class InductorStatistics:
         template: max-autotune's precompiles of template choices (Triton or C++).
         other: other tasks of Inductor's process pool (CuteDSL and similar kernels).
         failed: of all of these, how many failed (a compile error or a fault).
+        caller_cpp: C++ kernel builds Inductor ran in the caller's threads because the executor
+            was not ready yet (no worker had answered its readiness probe) or failed its probe.
+        caller_triton: Triton kernels Inductor compiled in the caller for that reason.
+        caller_template: max-autotune's template choices precompiled in the caller's threads
+            for that reason.
     """
 
     cpp: int = 0
@@ -78,11 +93,19 @@ class InductorStatistics:
     template: int = 0
     other: int = 0
     failed: int = 0
+    caller_cpp: int = 0
+    caller_triton: int = 0
+    caller_template: int = 0
 
     @property
     def total(self) -> int:
         """All compiles that ran on an executor."""
         return self.cpp + self.triton + self.template + self.other
+
+    @property
+    def in_caller(self) -> int:
+        """All compiles that ran in the caller because the executor was not ready."""
+        return self.caller_cpp + self.caller_triton + self.caller_template
 
 
 class Counts:
@@ -91,7 +114,14 @@ class Counts:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sent = dict.fromkeys(KINDS, 0)
+        self._caller = dict.fromkeys(CALLER_KINDS, 0)
         self._failed = 0
+
+    def in_caller(self, kind: str) -> None:
+        """Count one compile of ``kind`` Inductor ran in the caller: the executor not ready."""
+        with self._lock:
+            self._caller[kind] += 1
+        log.debug("a %s compile ran in the caller: the executor's workers are not ready", kind)
 
     def sent(self, kind: str) -> None:
         """Count one compile of ``kind`` sent to an executor."""
@@ -106,12 +136,14 @@ class Counts:
     def snapshot(self) -> InductorStatistics:
         """Return the counts so far."""
         with self._lock:
-            return InductorStatistics(**self._sent, failed=self._failed)
+            caller = {f"caller_{kind}": n for kind, n in self._caller.items()}
+            return InductorStatistics(**self._sent, failed=self._failed, **caller)
 
     def reset(self) -> None:
         """Count from zero again (``state.reset()``)."""
         with self._lock:
             self._sent = dict.fromkeys(KINDS, 0)
+            self._caller = dict.fromkeys(CALLER_KINDS, 0)
             self._failed = 0
 
 
@@ -197,10 +229,115 @@ class CompileFuture(Future[Any]):
             forget()
 
 
-def _ready() -> Future[Any]:
-    done: Future[Any] = Future()
-    done.set_result("ready")
-    return done
+class Readiness:
+    """Whether each executor's workers have answered Inductor's readiness probe (one instance,
+    :data:`READINESS`).
+
+    Stock Inductor submits a no-op (``AsyncCompile._get_ready``) to its pool the first time it
+    asks ``use_process_pool()``, and sends compiles to the pool only once that no-op came back;
+    until then it compiles in the caller, so a cold pool never holds a compile up. Here the same
+    no-op goes to the executor in scope, once per executor (or view) for the process's life,
+    inside :func:`~precompile_executor._base.in_background` (nobody waits for it: the switch
+    interval stays the program's). A probe that fails (the executor shut down, broken, its
+    worker lost) logs one WARNING and leaves that executor's compiles in the caller.
+
+    Threads: any thread asks; the probes are kept under a lock; a probe's done-callback logs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probes: weakref.WeakKeyDictionary[Executor, Future[Any]] = weakref.WeakKeyDictionary()
+        self._warned: weakref.WeakSet[Executor] = weakref.WeakSet()
+
+    def probe(self, executor: Executor) -> Future[Any]:
+        """The executor's readiness probe, sent the first time it is asked for."""
+        with self._lock:
+            probe = self._probes.get(executor)
+        if probe is not None:
+            return probe
+        sent = _send_probe(executor)
+        with self._lock:  # two threads asking at once: the first one stored wins
+            probe = self._probes.setdefault(executor, sent)
+        if probe is not sent:
+            sent.cancel()
+        return probe
+
+    def ready(self, executor: Executor) -> bool:
+        """Whether a worker of ``executor`` has answered its probe (sent now if not yet)."""
+        probe = self.probe(executor)
+        if not probe.done():
+            return False
+        if not probe.cancelled() and probe.exception() is None:
+            return True
+        self._warn_once(executor, probe)
+        return False
+
+    def _warn_once(self, executor: Executor, probe: Future[Any]) -> None:
+        with self._lock:
+            if executor in self._warned:
+                return
+            self._warned.add(executor)
+        error = "cancelled" if probe.cancelled() else repr(probe.exception())
+        log.warning(
+            "precompile_executor.inductor: the executor %r failed Inductor's readiness probe "
+            "(%s), so Inductor compiles in the caller, as without a compile pool; "
+            "inductor.statistics() counts those compiles. Give use()/install() a working "
+            "executor (or none, for the shared default) to compile on workers again.",
+            executor,
+            error,
+        )
+
+    def reset(self) -> None:
+        """Forget every probe (``state.reset()``; a forked child, whose parent's probes it
+        never sees answered)."""
+        self._lock = threading.Lock()
+        self._probes = weakref.WeakKeyDictionary()
+        self._warned = weakref.WeakSet()
+
+
+def _send_probe(executor: Executor) -> Future[Any]:
+    from torch._inductor.async_compile import AsyncCompile
+
+    asked = time.monotonic()
+    name = repr(executor)  # not the executor: the probe, kept weakly keyed by it, must not hold it
+    try:
+        with in_background():
+            probe = _unlimited(executor).submit(AsyncCompile._get_ready)
+    except Exception as exc:  # noqa: BLE001 - shut down or broken: Readiness warns once
+        probe = Future()
+        probe.set_exception(exc)
+        return probe
+
+    def answered(done: Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            log.info(
+                "Inductor's compiles go to %r from now on: a worker answered its readiness "
+                "probe after %.2f s (%d compiles ran in the caller until then)",
+                name,
+                time.monotonic() - asked,
+                COUNTS.snapshot().in_caller,
+            )
+
+    probe.add_done_callback(answered)
+    return probe
+
+
+def _unlimited(executor: Executor) -> Executor:
+    """``executor`` without a time or memory limit, for the probe: a worker's process with
+    torch imported is over a compile's memory limit on its own, and the probe asks whether a
+    worker answers, not how fast. ``executor`` itself where it has neither: a view's future
+    holds its view, and the probe, weakly keyed by ``executor``, must not hold that."""
+    if not isinstance(executor, BaseExecutor):
+        return executor
+    limits = executor._options  # this package's executor: its (or its view's) options
+    if limits.timeout is None and limits.memory_limit is None:
+        return executor
+    return executor.options(timeout=None, memory_limit=None)
+
+
+READINESS: Final = Readiness()
+"""The process's probes; ``_state.InductorState.readiness`` holds this object."""
+os.register_at_fork(after_in_child=READINESS.reset)
 
 
 class ExecutorPool:
@@ -214,12 +351,13 @@ class ExecutorPool:
         self.executor = executor
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Send ``fn(*args, **kwargs)`` to the executor (Inductor's readiness probe: done now)."""
+        """Send ``fn(*args, **kwargs)`` to the executor (Inductor's readiness probe: the
+        executor's one probe, :class:`Readiness`)."""
         from torch._inductor.async_compile import AsyncCompile
         from torch._inductor.runtime.compile_tasks import _worker_compile_triton
 
         if fn is AsyncCompile._get_ready:
-            return _ready()
+            return READINESS.probe(self.executor)
         forget: Callable[[], None] = _nothing
         land: Callable[[Any], None] | None = None
         if fn is _worker_compile_triton:
@@ -377,8 +515,8 @@ class Routes:
     Args:
         executor_now: the executor for a compile starting now, on this thread.
         originals: Inductor's functions as found (``process_pool``, ``use_process_pool``,
-            ``submit``, ``make_precompile_fn``, ``cpp_precompile``; the functions under the
-            static- and classmethods), to fall back to.
+            ``submit``, ``triton``, ``make_precompile_fn``, ``cpp_precompile``; the functions
+            under the static- and classmethods), to fall back to.
     """
 
     def __init__(
@@ -395,23 +533,52 @@ class Routes:
         return ExecutorPool(executor)
 
     def use_process_pool(self, cls: Any) -> bool:
-        """``AsyncCompile.use_process_pool()``: ready at once, unless Inductor compiles in the
-        caller on purpose (``compile_threads`` 1, or Proton profiling)."""
-        if self._executor_now() is None:
-            return bool(self._originals["use_process_pool"](cls))
-        from torch._inductor import async_compile, config
+        """``AsyncCompile.use_process_pool()``: true once a worker of the executor answered its
+        readiness probe (:class:`Readiness`), as stock gates its own pool; false while Inductor
+        compiles in the caller on purpose (``compile_threads`` 1, or Proton profiling).
 
-        if async_compile.get_compile_threads() <= 1:
+        Inside ``make_precompile_fn`` Inductor asks this once per Triton template choice it is
+        about to precompile, and precompiles the choice in its caller-side threads when the
+        answer is no: each such no is counted as a template choice compiled in the caller."""
+        executor = self._executor_now()
+        if executor is None:
+            return bool(self._originals["use_process_pool"](cls))
+        from torch._inductor import config
+
+        if not _parallel() or getattr(config.triton, "proton_profiling", False):
             return False
-        return not getattr(config.triton, "proton_profiling", False)
+        if READINESS.ready(executor):
+            return True
+        if _template_targets.get() is not None:
+            COUNTS.in_caller("template")
+        return False
 
     def submit(self, cls: Any, task: Callable[..., Any]) -> Any:
-        """``AsyncCompile.submit(task)``: a C++ build goes to the executor; any other task to
-        Inductor's thread pool."""
+        """``AsyncCompile.submit(task)``: a C++ build goes to the executor once it is ready
+        (before that, Inductor's thread pool builds it, counted); any other task to Inductor's
+        thread pool."""
         executor = self._executor_now()
-        if executor is not None and _is_cpp_build(task):
-            return self.submit_cpp(executor, task, "cpp")
+        if executor is not None and _is_cpp_build(task) and _parallel():
+            if READINESS.ready(executor):
+                return self.submit_cpp(executor, task, "cpp")
+            COUNTS.in_caller("cpp")
         return self._originals["submit"](cls, task)
+
+    def triton(self, compiler: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """``AsyncCompile.triton``: Inductor's own; a kernel it compiled in the caller, neither
+        cached nor sent to the pool (the executor not ready yet), is counted."""
+        if self._executor_now() is None or not _parallel():
+            return self._originals["triton"](compiler, *args, **kwargs)
+        from torch._inductor.async_compile import CompiledTritonKernels
+        from torch._inductor.codecache import CodeCacheFuture
+
+        source = args[1] if len(args) > 1 else kwargs.get("source_code")
+        cached = isinstance(source, str) and CompiledTritonKernels.get(source) is not None
+        kernel = self._originals["triton"](compiler, *args, **kwargs)
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        if not cached and not interpreted and not isinstance(kernel, CodeCacheFuture):
+            COUNTS.in_caller("template" if _template_targets.get() is not None else "triton")
+        return kernel
 
     @staticmethod
     def submit_cpp(executor: Executor, task: Any, kind: str) -> CompileFuture:
@@ -441,10 +608,22 @@ class Routes:
         if executor is None:
             self._originals["cpp_precompile"](request)
             return
+        if not _parallel() or not READINESS.ready(executor):
+            if _parallel():
+                COUNTS.in_caller("template")
+            self._originals["cpp_precompile"](request)
+            return
         from torch._inductor.codecache import CppCodeCache
 
         submit = functools.partial(self.submit_cpp, executor, kind="template")
         CppCodeCache.load_async(request.source_code, device_type="cpu", submit_fn=submit)()
+
+
+def _parallel() -> bool:
+    """Whether Inductor compiles in the background at all (``compile_threads`` > 1)."""
+    from torch._inductor.async_compile import get_compile_threads
+
+    return get_compile_threads() > 1
 
 
 def _is_cpp_build(task: Any) -> bool:

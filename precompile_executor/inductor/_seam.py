@@ -1,12 +1,13 @@
 """The seam of ``precompile_executor.inductor``: check torch's Inductor, patch, restore; the scope.
 
-torch 2.11 and 2.13 send Inductor's background compiles through four class attributes, which
+torch 2.11 and 2.13 send Inductor's background compiles through six class attributes, which
 this module replaces while a ``use()`` block or an ``install()`` is open and puts back when the
 last one closes (``docs/inductor.md``, "The seam"):
 
 * ``AsyncCompile.use_process_pool`` (classmethod) and ``AsyncCompile.process_pool``
   (staticmethod, ``lru_cache``'d): the Triton kernels' pool, and its readiness;
 * ``AsyncCompile.submit`` (classmethod): the caller's thread pool, where C++ builds go;
+* ``AsyncCompile.triton``: Inductor's own, wrapped to count a kernel compiled in the caller;
 * ``AlgorithmSelectorCache.make_precompile_fn``: max-autotune's precompile of template choices
   (Triton choices go through ``AsyncCompile.triton`` when the pool is ready);
 * ``CppBenchmarkRequest.precompile``: a C++ template choice's build.
@@ -64,20 +65,24 @@ def check_torch(*, version: str | None = None) -> None:
             name; the message says which, and that nothing was patched.
     """
     found = torch_version() if version is None else version
-    series = release_series(found)
-    if series not in SUPPORTED_TORCH_SERIES:
+    _check_series(found)
+    problems = _seam_problems()
+    if problems:
+        raise UnsupportedTorchError(
+            f"torch {found}'s Inductor is not the one precompile_executor.inductor patches "
+            "(nothing was patched):\n  " + "\n  ".join(problems)
+        )
+
+
+def _check_series(found: str) -> None:
+    """Refuse a torch of another release series (no import: the version is metadata)."""
+    if release_series(found) not in SUPPORTED_TORCH_SERIES:
         raise UnsupportedTorchError(
             f"precompile_executor.inductor supports torch "
             f"{' and '.join(s + '.x' for s in SUPPORTED_TORCH_SERIES)}, found {found}: the "
             "Inductor internals it replaces (AsyncCompile.process_pool/use_process_pool/submit, "
             "AlgorithmSelectorCache.make_precompile_fn) change between releases. Nothing was "
             "patched. Install one of those, or compile without precompile_executor.inductor."
-        )
-    problems = _seam_problems()
-    if problems:
-        raise UnsupportedTorchError(
-            f"torch {found}'s Inductor is not the one precompile_executor.inductor patches "
-            "(nothing was patched):\n  " + "\n  ".join(problems)
         )
 
 
@@ -197,8 +202,11 @@ def _seam_problems() -> list[str]:
         problems.append("torch._inductor.autotune_process.TritonGPUBenchmarkRequest is missing")
     if not isinstance(getattr(codecache.CppCodeCache, "cache", None), dict):
         problems.append("CppCodeCache.cache is not a dict")
-    if not callable(getattr(async_compile.CompiledTritonKernels, "remove_future", None)):
-        problems.append("CompiledTritonKernels.remove_future is missing")
+    for name in ("remove_future", "get"):
+        if not callable(getattr(async_compile.CompiledTritonKernels, name, None)):
+            problems.append(f"CompiledTritonKernels.{name} is missing")
+    if not isinstance(getattr(codecache, "CodeCacheFuture", None), type):
+        problems.append("torch._inductor.codecache.CodeCacheFuture is missing")
     if not callable(getattr(async_compile, "get_compile_threads", None)):
         problems.append("torch._inductor.async_compile.get_compile_threads is missing")
     if not isinstance(getattr(utils, "_IN_TOPLEVEL_PROCESS", None), bool):
@@ -238,6 +246,7 @@ def _patch() -> None:
         "process_pool": AsyncCompile.__dict__["process_pool"],
         "use_process_pool": AsyncCompile.__dict__["use_process_pool"],
         "submit": AsyncCompile.__dict__["submit"],
+        "triton": AsyncCompile.__dict__["triton"],
         "make_precompile_fn": AlgorithmSelectorCache.__dict__["make_precompile_fn"],
         "cpp_precompile": CppBenchmarkRequest.__dict__["precompile"],
     }
@@ -255,6 +264,9 @@ def _patch() -> None:
     # Inductor's at-fork hook and its exit handler clear the original's cache through this name.
     process_pool.cache_clear = found["process_pool"].__func__.cache_clear  # type: ignore[attr-defined]
 
+    def triton(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return routes.triton(self, *args, **kwargs)
+
     def make_precompile_fn(self: Any, *args: Any, **kwargs: Any) -> Any:
         return routes.make_precompile_fn(self, *args, **kwargs)
 
@@ -265,6 +277,7 @@ def _patch() -> None:
         (AsyncCompile, "process_pool", staticmethod(process_pool)),
         (AsyncCompile, "use_process_pool", classmethod(routes.use_process_pool)),
         (AsyncCompile, "submit", classmethod(routes.submit)),
+        (AsyncCompile, "triton", triton),
         (AlgorithmSelectorCache, "make_precompile_fn", make_precompile_fn),
         (CppBenchmarkRequest, "precompile", precompile),
     ):
@@ -294,11 +307,15 @@ def use(executor: Executor | None = None) -> Iterator[Executor]:
     then :func:`install`'s executor). Inductor's methods are put back when the last block (and
     any installation) closes, also on an exception.
 
+    Until a worker of the executor has answered a readiness probe, Inductor compiles in the
+    caller, as stock does until its own pool has answered; :func:`statistics` counts those
+    compiles (``caller_cpp``, ``caller_triton``, ``caller_template``).
+
     Args:
         executor: where to compile; ``None`` means the process's shared default
             ``PrecompileExecutor`` (Inductor's worker count, a template with torch and Inductor
-            imported), whose warm-up starts at once in the background. Its ``timeout`` and
-            ``memory_limit`` bound each compile.
+            imported), whose warm-up starts at once in the background, before this checks and
+            imports Inductor. Its ``timeout`` and ``memory_limit`` bound each compile.
 
     Yields:
         The executor in use.
@@ -309,9 +326,10 @@ def use(executor: Executor | None = None) -> Iterator[Executor]:
         TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``;
             nothing was opened or patched.
     """
-    block = STATE.scope.enter(check_executor(executor))
+    used = _start(check_executor(executor))
+    block = STATE.scope.enter(executor)
     try:
-        yield _default.default_executor() if executor is None else executor
+        yield used
     finally:
         STATE.scope.exit(block)
 
@@ -328,9 +346,18 @@ def install(executor: Executor | None = None) -> None:
         UnsupportedTorchError: see :func:`use`; nothing was patched.
         TypeError: see :func:`use`.
     """
-    STATE.scope.install(check_executor(executor))
-    if executor is None:
-        _default.default_executor()  # start its warm-up now
+    _start(check_executor(executor))
+    STATE.scope.install(executor)
+
+
+def _start(executor: Executor | None) -> Executor:
+    """``executor``, or the default executor with its warm-up started: before the seam's check
+    imports Inductor (seconds), so that the workers start meanwhile. Only the release series is
+    checked first (no import), so that an unsupported torch starts nothing."""
+    if executor is not None:
+        return executor
+    _check_series(torch_version())
+    return _default.default_executor()
 
 
 def uninstall() -> None:

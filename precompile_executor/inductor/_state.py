@@ -10,7 +10,10 @@
 * **The default executor** (:mod:`._default`): the executor ``use()``/``install()`` build when
   given none, and its background warm-up thread.
 * **The compile counts** (:data:`._compiles.COUNTS`): how many compiles of each kind ran on an
-  executor, what :func:`~precompile_executor.inductor.statistics` reports.
+  executor, and in the caller while it was not ready, what
+  :func:`~precompile_executor.inductor.statistics` reports.
+* **The readiness probes** (:data:`._compiles.READINESS`): each executor's answer to Inductor's
+  readiness probe, which gates its compiles as stock gates its own pool.
 
 :meth:`InductorState.reset` is the documented way (for tests) to put all of it back as if the
 integration had never been used.
@@ -25,7 +28,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from .._scope import OFF, Scope
-from ._compiles import COUNTS, ORDERING, Counts
+from ._compiles import COUNTS, ORDERING, READINESS, Counts, Readiness
 
 if TYPE_CHECKING:
     from .. import PrecompileExecutor
@@ -44,7 +47,9 @@ class InductorState:
             means the default executor.
         saved: ``(class, attribute, what was in its __dict__)`` for every attribute the seam
             replaced, while it is patched (empty otherwise).
-        counts: the compiles sent to an executor, per kind, and those that failed.
+        counts: the compiles sent to an executor, per kind, those that failed, and those run
+            in the caller while the executor was not ready.
+        readiness: each executor's readiness probe.
         lock: guards :attr:`default` and :attr:`warming` (never held while asking the scope).
         default: the default executor, once built.
         warming: the default executor's background warm-up thread, once started.
@@ -54,6 +59,7 @@ class InductorState:
         self.scope = Scope("inductor", connected_by="precompile_executor.inductor._seam")
         self.saved: list[tuple[type, str, Any]] = []
         self.counts: Counts = COUNTS
+        self.readiness: Readiness = READINESS
         self.lock = threading.Lock()
         self.default: PrecompileExecutor | None = None
         self.warming: threading.Thread | None = None
@@ -89,8 +95,8 @@ class InductorState:
         3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
            thread, which that stop ends;
         4. forgets the default executor and its warm-up thread (the next ``use()`` builds a new
-           one), sets the compile counts back to zero and :attr:`in_submission_order` back to
-           ``True``.
+           one) and every readiness probe, sets the compile counts back to zero and
+           :attr:`in_submission_order` back to ``True``.
         """
         self.scope.reset()
         with self.lock:
@@ -101,6 +107,7 @@ class InductorState:
             default.shutdown(wait=True, cancel_futures=True)
         if warming is not None:
             warming.join(RESET_JOIN_S)
+        self.readiness.reset()
         self.counts.reset()
         self.in_submission_order = True
 

@@ -201,14 +201,14 @@ STATE.scope.connect(_activate, _deactivate)
 def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``Autotuner.run``: stock when no block is open and nothing is installed, else tuned in
     the scope's current executor (``_autotune_tune.run``)."""
-    executor = STATE.scope.current()
-    if executor is OFF:
+    block = STATE.scope.current_block()
+    if block is None:
         return STATE.originals["run"](self, *args, **kwargs)
-    return _tune.run(self, executor, args, kwargs)
+    return _tune.run(self, block.executor, args, kwargs, **block.options)
 
 
 @contextlib.contextmanager
-def use(executor: Executor | None = None) -> Iterator[None]:
+def use(executor: Executor | None = None, *, screening: bool = False) -> Iterator[None]:
     """While the block is open, ``@triton.autotune`` kernels compile their configs in ``executor``.
 
     The block is open for the whole process: an autotune that starts, on a tuning key its
@@ -226,14 +226,18 @@ def use(executor: Executor | None = None) -> Iterator[None]:
             imported and one compile for this GPU's target done; until they are ready, this
             thread compiles configs itself, as stock Triton would). An executor's per-task
             timeout bounds each compile (``PrecompileExecutor(timeout=...)``).
+        screening: time every config with a short ``do_bench`` budget first and give Triton's
+            full budget only to the leaders within noise of the best, on a quiet GPU
+            (successive halving: ``docs/triton.md``, "Screening"). Off by default; a kernel
+            with its own ``do_bench=`` is always timed as given.
 
     Raises:
         UnsupportedTritonError: the installed Triton is not 3.6 or 3.9 or its autotuner differs;
             nothing was patched.
-        TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``;
-            nothing was opened or patched.
+        TypeError: ``executor`` is neither ``None`` nor a ``concurrent.futures.Executor``, or
+            ``screening`` is not a bool; nothing was opened or patched.
     """
-    block = STATE.scope.enter(check_executor(executor))
+    block = STATE.scope.enter(check_executor(executor), _options(screening))
     try:
         if executor is None:
             start_default_warm_up()
@@ -242,7 +246,7 @@ def use(executor: Executor | None = None) -> Iterator[None]:
         STATE.scope.exit(block)
 
 
-def install(executor: Executor | None = None) -> None:
+def install(executor: Executor | None = None, *, screening: bool = False) -> None:
     """Make ``@triton.autotune`` kernels compile their configs in ``executor``, process-wide.
 
     Every thread's autotunes use it while no ``use()`` block is open; an open block takes
@@ -253,20 +257,28 @@ def install(executor: Executor | None = None) -> None:
     Args:
         executor: where to compile; ``None`` means the shared default ``PrecompileExecutor``,
             started warm in the background at once (see :func:`use`).
+        screening: see :func:`use`.
 
     Raises:
         UnsupportedTritonError: see :func:`use`; nothing was patched.
         TypeError: see :func:`use`.
     """
-    previous = STATE.scope.install(check_executor(executor))
+    previous = STATE.scope.install(check_executor(executor), _options(screening))
     if executor is None:
         try:
             start_default_warm_up()
         except BaseException:
             STATE.scope.uninstall()  # leave nothing installed: the caller sees why
             if previous is not None:
-                STATE.scope.install(previous.executor)
+                STATE.scope.install(previous.executor, previous.options)
             raise
+
+
+def _options(screening: Any) -> dict[str, Any]:
+    """The block's options for ``_autotune_tune.run``, checked before anything is opened."""
+    if not isinstance(screening, bool):
+        raise TypeError(f"screening must be True or False, not {screening!r:.80}")
+    return {"screening": screening}
 
 
 def uninstall() -> None:

@@ -17,6 +17,9 @@
                         original _bench(config)   Triton's launch compiles it here
                       all landed: leaders within  _confirm(): timed again if screened while
                         CONFIRM_MARGIN, again       compiles still ran
+                      screening=True: each config _screen(): a short do_bench budget as they
+                        screened, the finalists     land, then Triton's full budget for the
+                        timed in full               leaders (_screening.py's rules)
           → its timing
         _bench(config=pruned[i])             → the timing measured above
       self.fn.run(best config)                Triton's own launch
@@ -42,11 +45,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
+import inspect
 import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, CancelledError, Future, wait
 from typing import Any
 
@@ -56,6 +61,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from . import _autotune_guard as _guard
+from . import _screening
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
 from ._errors import KernelTransferError
@@ -146,7 +152,14 @@ def tuning_lock(autotuner: Any) -> threading.RLock:
         return lock
 
 
-def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+def run(
+    autotuner: Any,
+    executor: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    screening: bool = False,
+) -> Any:
     """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call.
 
     Args:
@@ -154,6 +167,9 @@ def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, An
         executor: where to compile (``None``: the shared default executor).
         args: the launch's positional arguments.
         kwargs: its keyword arguments (``grid``, ``warmup`` included).
+        screening: screen the configs with a short budget and time only the leaders with
+            Triton's full one (docs/triton.md, "Screening"); ignored for a kernel with its own
+            ``do_bench=``.
     """
     original = STATE.originals["run"]
     if _async_compile.active_mode.get() is not None:
@@ -166,7 +182,7 @@ def run(autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, An
         with tuning_lock(autotuner):
             return original(autotuner, *args, **kwargs)
     with tuning_lock(autotuner):
-        tune = Tune(autotuner, executor, args, kwargs)
+        tune = Tune(autotuner, executor, args, kwargs, screening=screening)
         token = _running.set((*_running.get(), tune))
         failed = True
         try:
@@ -234,9 +250,12 @@ class _Entry:
     """Its timing, or the exception ``_bench`` raised for it (re-raised on its turn)."""
     measured: bool = False
     quiet: bool = False
-    """Its timing was taken once every compile of the tune had landed (nothing else ran)."""
+    """Its timing began once every compile of the tune had landed (no compile ran during it)."""
     screened: Any = None
-    """Its first timing, when a quiet re-measurement replaced it (see ``Tune._confirm``)."""
+    """Its first timing, when a quiet re-measurement replaced it (``Tune._confirm``), or its
+    screen, when a full timing replaced it (``Tune._screen``)."""
+    short: bool = False
+    """Its timing is a screen (the short budget), not Triton's full one (``Tune._screen``)."""
     here: bool = False
     """Its compile was taken back from the executor's queue before any worker started it, and
     compiled in this process by Triton's own launch (``Tune._steal``)."""
@@ -282,16 +301,26 @@ class Tune:
         "_executor",
         "_kwargs",
         "_logged",
+        "_screened",
+        "_screening",
         "_stock",
         "autotuner",
         "configs",
     )
 
     def __init__(
-        self, autotuner: Any, executor: Any, args: Sequence[Any], kwargs: dict[str, Any]
+        self,
+        autotuner: Any,
+        executor: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        screening: bool = False,
     ) -> None:
         self.autotuner = autotuner
         self.configs: list[Any] | None = None
+        self._screening = screening
+        self._screened = False  # screening ran to its end: the screens left stand as timings
         self._executor = executor
         self._args = args
         self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
@@ -313,7 +342,10 @@ class Tune:
         """
         if self._adapter is None:
             self._submit()
-            self._bench_as_landed(bench)
+            screen = None
+            if self._screening and _screening.pays(len(self._entries)):
+                screen = screening_benchmarker(self.autotuner)
+            self._bench_as_landed(bench, screen)
         entry = self._entries.get(config)
         if entry is None:  # not among the submitted configs: Triton compiles it itself
             return bench(config)
@@ -321,6 +353,10 @@ class Tune:
             return self._measure(entry, bench)
         if isinstance(entry.outcome, BaseException):
             raise entry.outcome.with_traceback(None)
+        if entry.short and not self._screened:
+            # Screening stopped early (an error, the guard's fall-back to stock): a screen must
+            # not compete with full timings in Triton's min, so this config is timed in full.
+            return self._measure(entry, bench)
         return entry.outcome
 
     def _submit(self) -> None:
@@ -368,12 +404,16 @@ class Tune:
                     one.error,
                 )
 
-    def _bench_as_landed(self, bench: Callable[[Any], Any]) -> None:
-        """Benchmark every config whose compile is done or in memory, in the order they land
-        (screening); while none has landed and a compile is still queued (no worker ready for
-        it), compile that one here, as stock Triton would (:meth:`_steal`); then re-measure the
-        leaders screened while compiles still ran, if they are within noise of each other. Stop
-        at the first exception (Triton's loop re-raises it on that config's turn)."""
+    def _bench_as_landed(
+        self, bench: Callable[[Any], Any], screen: Callable[..., Any] | None = None
+    ) -> None:
+        """Benchmark every config whose compile is done or in memory, in the order they land;
+        while none has landed and a compile is still queued (no worker ready for it), compile
+        that one here, as stock Triton would (:meth:`_steal`). Then, with ``screen`` (a short
+        budget benchmarker: screening), time the leaders with the full budget (:meth:`_screen`);
+        without, re-measure the leaders timed while compiles still ran, if they are within noise
+        of each other (:meth:`_confirm`). Stop at the first exception (Triton's loop re-raises it
+        on that config's turn)."""
         entries = list(self._entries.values())
         by_future: dict[Future[Any], list[_Entry]] = {}
         for entry in entries:
@@ -383,8 +423,7 @@ class Tune:
         waiting = set(by_future)
 
         def record(entry: _Entry) -> bool:
-            entry.quiet = not waiting
-            return self._record(entry, bench)
+            return self._timed(entry, bench, screen)
 
         for entry in ready:
             if not record(entry):
@@ -402,7 +441,10 @@ class Tune:
                 for entry in by_future[future]:
                     if not record(entry):
                         return
-        self._confirm(bench)
+        if screen is not None:
+            self._screen(bench, screen)
+        else:
+            self._confirm(bench)
 
     def _steal(
         self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
@@ -468,9 +510,71 @@ class Tune:
             if entry.quiet:
                 continue
             screened = entry.outcome
-            if not self._record(entry, bench):
+            if not self._timed(entry, bench):
                 return
-            entry.screened, entry.quiet = screened, True
+            entry.screened = screened
+
+    def _screen(self, bench: Callable[[Any], Any], screen: Callable[..., Any]) -> None:
+        """Successive halving, once every compile has landed (every config has its screen):
+        screen again, quietly, the loud contenders; time the finalists within the noise band of
+        the best screen with Triton's full budget; then any challenger whose screen is at or
+        below the best full timing, until none is left (``_screening``'s rules). Their full
+        timings replace their screens in ``configs_timings``; Triton's ``min`` then picks among
+        configs timed in full (docs/triton.md, "Screening")."""
+
+        def screens() -> dict[_Entry, _screening.Screen]:
+            found = {}
+            for entry in self._entries.values():
+                if entry.measured and not isinstance(entry.outcome, BaseException):
+                    one = _screening.Screen.of(entry.outcome, quiet=entry.quiet)
+                    if one is not None:
+                        found[entry] = one
+            return found
+
+        for entry in _screening.rescreen(screens(), CONFIRM_MARGIN):
+            if not self._timed(entry, bench, screen):
+                return
+        screened = screens()
+        band = _screening.noise_band(screened.values())
+        chosen = _screening.finalists(screened, band, _screening.most_finalists(len(screened)))
+        full: dict[_Entry, float] = {}
+        while chosen:
+            for entry in chosen:
+                first = entry.outcome
+                if not self._timed(entry, bench):
+                    return
+                entry.screened = first
+                timing = _first_timing(entry.outcome)
+                full[entry] = math.inf if timing is None else timing
+            chosen = _screening.challengers(screened, full)
+        self._screened = True
+        logger.debug(
+            "%s: screened %d configs (noise band %.1f %%); %d timed in full: %s",
+            _name(self.autotuner),
+            len(screened),
+            band * 100,
+            len(full),
+            ", ".join(f"{e.config} {t:.4g}" for e, t in full.items()),
+        )
+
+    def _timed(
+        self,
+        entry: _Entry,
+        bench: Callable[[Any], Any],
+        screen: Callable[..., Any] | None = None,
+    ) -> bool:
+        """Time ``entry`` (with ``screen``'s short budget if given, else the autotuner's own
+        ``do_bench``), noting whether no compile of the tune ran while it did; ``False`` if
+        ``_bench`` raised (the exception is kept for Triton's loop)."""
+        # Quiet means no compile still running, whether or not this thread has got to its
+        # result yet: a kernel found in the cache lands at once (docs/triton.md, "Timing
+        # integrity"; test_with_every_compile_landed_before_benchmarking_each_config_is_timed_once).
+        entry.quiet = all(e.future is None or e.future.done() for e in self._entries.values())
+        entry.short = screen is not None
+        if screen is None:
+            return self._record(entry, bench)
+        with _benchmarker(self.autotuner, screen):
+            return self._record(entry, bench)
 
     def _record(self, entry: _Entry, bench: Callable[[Any], Any]) -> bool:
         try:
@@ -665,3 +769,65 @@ def jit_cache_slot(future_kernel: Any) -> tuple[dict[Any, Any] | None, Any]:
 
 def _name(autotuner: Any) -> str:
     return str(getattr(unwrap_jit_function(autotuner), "__name__", autotuner))
+
+
+def screening_benchmarker(autotuner: Any) -> Callable[..., Any] | None:
+    """Return Triton's default benchmarker with the screening budget, or ``None`` when this
+    autotuner cannot be screened: it has its own ``do_bench=`` (respected as given: screening
+    never replaces a user's measure), or its default benchmarker takes no ``warmup``/``rep``.
+    The refusal is logged once per autotuner."""
+    reason = None
+    if getattr(autotuner, "_do_bench", None) is not None:
+        reason = "it has its own do_bench= (or the deprecated warmup=/rep=), timed as given"
+    elif not isinstance(
+        inspect.getattr_static(type(autotuner), "do_bench", None), functools.cached_property
+    ):
+        reason = "its do_bench is not Triton's cached property (a changed autotuner)"
+    else:
+        from triton.runtime.driver import driver
+
+        default = driver.active.get_benchmarker()
+        try:
+            params = inspect.signature(default).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if takes_any or {"warmup", "rep"} <= set(params):  # a wrapper's **kwargs passes them on
+            return functools.partial(
+                default, warmup=_screening.SCREEN_WARMUP_MS, rep=_screening.SCREEN_REP_MS
+            )
+        reason = f"its benchmarker {default!r} takes no warmup/rep budget"
+    with _unscreened_lock:
+        try:
+            if autotuner in _unscreened:
+                return None
+            _unscreened.add(autotuner)
+        except TypeError:  # not weak-referenceable: report every time rather than never
+            pass
+    logger.info(
+        "%s: not screened (%s): every config gets the full do_bench budget.",
+        _name(autotuner),
+        reason,
+    )
+    return None
+
+
+_unscreened: weakref.WeakSet[Any] = weakref.WeakSet()
+_unscreened_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _benchmarker(autotuner: Any, bench: Callable[..., Any]) -> Iterator[None]:
+    """Make ``autotuner.do_bench`` (a ``functools.cached_property`` in Triton 3.6 and 3.9, kept
+    in the instance's ``__dict__``) ``bench`` for the block; what was there is put back. Only the
+    tune's thread benchmarks this autotuner meanwhile: it holds :func:`tuning_lock`."""
+    slots = vars(autotuner)
+    had, previous = "do_bench" in slots, slots.get("do_bench")
+    slots["do_bench"] = bench
+    try:
+        yield
+    finally:
+        if had:
+            slots["do_bench"] = previous
+        else:
+            slots.pop("do_bench", None)

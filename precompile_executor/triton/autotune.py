@@ -26,7 +26,10 @@ process's caches, while the rest still compile. While nothing has landed and a c
 queued (no worker ready for it), the tune's own thread compiles that config itself, as stock
 Triton would, so a cold start is never slower than stock. Leaders within noise of each other that
 were timed while compiles still ran are timed again on the quiet machine, and those timings
-decide (``docs/triton.md``, "Timing integrity"). Everything else is Triton's own: pruning,
+decide (``docs/triton.md``, "Timing integrity"). ``use(screening=True)`` /
+``install(screening=True)`` (off by default) time every config with a short ``do_bench`` budget
+and only the leaders within noise of the best with Triton's full one, on a quiet GPU
+(``docs/triton.md``, "Screening"). Everything else is Triton's own: pruning,
 ``do_bench`` (a ``do_bench=`` of yours too), the hooks, ``reset_to_zero`` / ``restore_value``,
 ``cache_results`` (a disk hit compiles nothing), ``knobs.autotuning.listener``, ``bench_time``,
 ``configs_timings``, ``best_config``. No worker touches the GPU.
