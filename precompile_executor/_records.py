@@ -188,7 +188,7 @@ class ExecutorStatistics(TaskCounts):
     sent_ahead: int = 0
 
 
-class Tallied(Protocol):
+class OutcomeCounters(Protocol):
     """A backend's outcome counters (the mutable side of :class:`TaskCounts`)."""
 
     completed: int
@@ -197,7 +197,7 @@ class Tallied(Protocol):
     crashed: int
 
 
-def count_outcome(counts: Tallied, error: BaseException | None) -> None:
+def count_outcome(counts: OutcomeCounters, error: BaseException | None) -> None:
     """Count one resolved task, by the one rule every backend's statistics use (lock held)."""
     if error is None:
         counts.completed += 1
