@@ -45,6 +45,7 @@ class Context:
     started: float = dataclasses.field(default_factory=time.monotonic)
     out: Path | None = None
     contention: bool = False
+    long: bool = False
     against: str = "HEAD"
     key: str = ""
     _dirs: int = 0

@@ -87,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", default=",".join(SCENARIOS), help="scenarios, e.g. s1,s4")
     p.add_argument("--contention", action="store_true", help="s7: fewer workers, pinned workers")
     p.add_argument(
+        "--long",
+        action="store_true",
+        help="s9: 20,000 mapped no-ops and 4,000 round trips a pool (2,000 and 200 by default): "
+        "long enough to see a 10 %% change on a noisy machine (docs/benchmarks.md)",
+    )
+    p.add_argument(
         "--against",
         default="HEAD",
         help="s9: a commit (taken with git archive) or a directory holding precompile_executor/; "
@@ -249,6 +255,7 @@ def _scenario_process(args: argparse.Namespace) -> int:
         started=float(args._t0) if args._t0 is not None else time.monotonic(),
         out=Path(args.out).resolve(),
         contention=args.contention,
+        long=args.long,
         against=args.against,
         key=key,
     )

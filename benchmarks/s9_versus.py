@@ -155,7 +155,7 @@ def run(ctx: Context) -> Section:
     from ._kernels import configs
 
     w = ctx.workers
-    n_map, n_rt = (200, 50) if ctx.quick else (2000, 200)
+    n_map, n_rt = (200, 50) if ctx.quick else (20_000, 4_000) if ctx.long else (2000, 200)
     cfgs = configs(ctx.n_configs, ctx.quick)
     rev_dir = ctx.tmp / "against"
     rev_dir.mkdir()
