@@ -8,9 +8,14 @@ JIT reads of a tensor argument.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from triton import knobs
+from triton.runtime.driver import driver
 
 from precompile_executor.triton import CompileOnlyDriver, parse_target
 
@@ -67,6 +72,26 @@ class DryRunGPU(CompileOnlyDriver):
             self.launches.append({**constants, "num_warps": metadata.num_warps})
 
         return launch
+
+
+GPU = TypeVar("GPU", bound="DryRunGPU")
+
+
+@contextlib.contextmanager
+def installed(stand_in: GPU, cache_dir: str | Path, jits: Iterable[Any]) -> Iterator[GPU]:
+    """``stand_in`` as Triton's active driver and ``cache_dir`` as Triton's cache while inside;
+    on leaving, the driver before it back and each of ``jits``' in-memory kernels for the
+    stand-in's device dropped (so no later test launches them)."""
+    previous = driver.__dict__.get("_active")
+    with knobs.cache.scope():
+        knobs.cache.dir = str(cache_dir)
+        driver.set_active(stand_in)
+        try:
+            yield stand_in
+        finally:
+            driver.set_active(previous)
+            for jit in jits:
+                jit.device_caches.pop(stand_in.device, None)
 
 
 class _DryRunUtils:

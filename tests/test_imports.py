@@ -147,7 +147,6 @@ def test_imports_go_down_the_module_table_of_the_design_doc() -> None:
     assert upward_imports(graph, index) == []
 
 
-
 SHARED_LAYER = ("_base", "_batch", "_cluster_executor", "_cluster_state")
 LOCAL_BACKEND = ("_executor", "_scheduling", "_processes")
 

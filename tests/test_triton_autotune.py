@@ -27,7 +27,7 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
+from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import knobs  # noqa: E402
 from triton.compiler.errors import CompilationError  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
@@ -203,17 +203,9 @@ def executor() -> Iterator[PrecompileExecutor]:
 @pytest.fixture
 def gpu(tmp_path: Path) -> Iterator[DryRunGPU]:
     """A dry-run sm_90 GPU as Triton's active driver, and an empty caller cache."""
-    stand_in = DryRunGPU()
-    previous = driver.__dict__.get("_active")
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / "caller-cache")
-        driver.set_active(stand_in)
-        try:
-            yield stand_in
-        finally:
-            driver.set_active(previous)
-            for jit in (double_jit, dot_jit, asm_jit, autotune_kernels.faulty_kernel.fn):
-                jit.device_caches.pop(stand_in.device, None)
+    jits = (double_jit, dot_jit, asm_jit, autotune_kernels.faulty_kernel.fn)
+    with installed(DryRunGPU(), tmp_path / "caller-cache", jits) as stand_in:
+        yield stand_in
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
+from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
 
 from precompile_executor import PrecompileExecutor  # noqa: E402
 from precompile_executor import triton as pe_triton  # noqa: E402
@@ -47,17 +46,11 @@ TIMES_MS = {64: 5.0, 128: 3.0, 256: 1.0, 512: 2.0, 1024: 4.0}
 
 @pytest.fixture
 def gpu(tmp_path: Path) -> Iterator[DryRunGPU]:
-    stand_in = DryRunGPU()
-    previous = driver.__dict__.get("_active")
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / "caller-cache")
-        driver.set_active(stand_in)
-        try:
+    try:
+        with installed(DryRunGPU(), tmp_path / "caller-cache", (triple_jit,)) as stand_in:
             yield stand_in
-        finally:
-            driver.set_active(previous)
-            triple_jit.device_caches.pop(stand_in.device, None)
-            pe_triton.state.reset()
+    finally:
+        pe_triton.state.reset()
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

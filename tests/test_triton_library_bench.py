@@ -20,10 +20,8 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
-from triton import knobs  # noqa: E402
+from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import testing as triton_testing  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
 
 from benchmarks import triton_library_bench as bench  # noqa: E402
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
@@ -55,15 +53,8 @@ def gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DryRunGPU]:
 
     monkeypatch.setattr(triton_testing, "do_bench", fake_do_bench)
     stand_in.get_benchmarker = lambda: triton_testing.do_bench  # type: ignore[attr-defined]
-    previous = driver.__dict__.get("_active")
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / "cache")
-        driver.set_active(stand_in)
-        try:
-            yield stand_in
-        finally:
-            driver.set_active(previous)
-            scale_jit.device_caches.pop(stand_in.device, None)
+    with installed(stand_in, tmp_path / "cache", (scale_jit,)):
+        yield stand_in
 
 
 def test_the_observer_sees_each_tune_its_choice_key_and_floor(gpu: DryRunGPU) -> None:

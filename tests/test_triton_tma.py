@@ -28,9 +28,8 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 tensor_descriptor = pytest.importorskip("triton.tools.tensor_descriptor")
 
-from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
+from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
 
 from precompile_executor import PrecompileExecutor, stop_idle_workers  # noqa: E402
 from precompile_executor import triton as pe_triton  # noqa: E402
@@ -157,17 +156,8 @@ def pool() -> Iterator[RecordingPool]:
 
 @pytest.fixture
 def gpu(tmp_path: Path) -> Iterator[SignatureGPU]:
-    stand_in = SignatureGPU()
-    previous = driver.__dict__.get("_active")
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / "caller-cache")
-        driver.set_active(stand_in)
-        try:
-            yield stand_in
-        finally:
-            driver.set_active(previous)
-            for jit in (tma_scale, tma_scale_sized):
-                jit.device_caches.pop(stand_in.device, None)
+    with installed(SignatureGPU(), tmp_path / "caller-cache", (tma_scale, tma_scale_sized)) as g:
+        yield g
 
 
 @pytest.fixture
