@@ -288,6 +288,19 @@ def test_a_slow_compile_under_the_lower_bound_is_not_cut(
 # -- use() on a fresh executor: nothing waits for workers ----------------------------------------
 
 
+def _native_fork_outcomes(tmp_path: Path, count: int) -> list[bool]:
+    """What Helion's own fork mode reports for the first ``count`` configs of the batch."""
+    with _fork_batch(tmp_path / "native") as (bound, args, ctx):
+        native = [
+            PrecompileFuture.create(
+                ctx=ctx, config=c, fn=bound.compile_config(c), args=args,
+                result_path=str(tmp_path / f"r{i}.pkl"), args_path=None,
+            )
+            for i, c in enumerate(_many_configs(bound, count))
+        ]  # fmt: skip
+        return PrecompileFuture.wait_for_all(native)
+
+
 @pytest.fixture
 def fresh() -> Iterator[None]:
     peh.state.reset()
@@ -304,16 +317,7 @@ def test_use_on_a_fresh_executor_compiles_before_any_worker_started(
     """Fork mode: ``with use():`` on a fresh process's default executor forks each config's
     compile from the autotuning process; no worker is started for it (none is waited for), and
     the outcome is native fork's."""
-    with _fork_batch(tmp_path / "native") as (bound, args, ctx):
-        configs = _many_configs(bound, 4)
-        native = [
-            PrecompileFuture.create(
-                ctx=ctx, config=c, fn=bound.compile_config(c), args=args,
-                result_path=str(tmp_path / f"r{i}.pkl"), args_path=None,
-            )
-            for i, c in enumerate(configs)
-        ]  # fmt: skip
-        expected = PrecompileFuture.wait_for_all(native)
+    expected = _native_fork_outcomes(tmp_path, 4)
     with _fork_batch(tmp_path / "ours") as (bound, args, ctx):
         configs = _many_configs(bound, 4)
         with peh.use() as executor:
@@ -387,16 +391,7 @@ def test_spawn_mode_on_a_cold_executor_compiles_on_the_fork_path_until_workers_a
     fork mode's. (On this machine a spawn task itself could not run: launching needs a GPU, so a
     config that reached a worker would fail the test.)"""
     caplog.set_level(logging.INFO, logger=LOGGER)
-    with _fork_batch(tmp_path / "native") as (bound, args, ctx):
-        configs = _many_configs(bound, 4)
-        native = [
-            PrecompileFuture.create(
-                ctx=ctx, config=c, fn=bound.compile_config(c), args=args,
-                result_path=str(tmp_path / f"r{i}.pkl"), args_path=None,
-            )
-            for i, c in enumerate(configs)
-        ]  # fmt: skip
-        expected = PrecompileFuture.wait_for_all(native)
+    expected = _native_fork_outcomes(tmp_path, 4)
     stolen: list[int] = []
     real_close = _future.Stream.close
 
