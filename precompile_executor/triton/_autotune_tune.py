@@ -61,7 +61,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from . import _autotune_guard as _guard
-from . import _screening
+from . import _lanes, _screening
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
 from ._errors import KernelTransferError
@@ -299,6 +299,7 @@ class Tune:
         "_args",
         "_entries",
         "_executor",
+        "_feeder",
         "_kwargs",
         "_logged",
         "_screened",
@@ -325,6 +326,7 @@ class Tune:
         self._args = args
         self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
         self._adapter: TritonCompileExecutor | None = None
+        self._feeder: _lanes.Feeder | None = None
         self._entries: dict[Any, _Entry] = {}
         self._logged: set[int] | None = None
         self._stock = False  # the guard saw a miss: the rest of the tune is stock Triton's
@@ -428,10 +430,17 @@ class Tune:
         for entry in ready:
             if not record(entry):
                 return
+        feeder = self._feeder = self._feeder_for(by_future) if STEALS else None
         while waiting:
+            if feeder is not None:
+                feeder.fill()  # while no worker compiles for the tune: lanes compile beside us
             landed = [f for f in waiting if f.done()]
             if not landed:
-                stolen = self._steal(waiting, by_future) if STEALS else None
+                stolen = None
+                if STEALS and (feeder is None or not feeder.in_flight):
+                    # No lane (none here, or every one busy with another tune's compiles):
+                    # this thread compiles one itself rather than wait for no one.
+                    stolen = self._steal(waiting, by_future)
                 if stolen is None:
                     wait(waiting, return_when=FIRST_COMPLETED)
                     continue
@@ -445,6 +454,26 @@ class Tune:
             self._screen(bench, screen)
         else:
             self._confirm(bench)
+
+    def _feeder_for(self, by_future: dict[Future[Any], list[_Entry]]) -> _lanes.Feeder | None:
+        """A feeder that moves this tune's queued compiles to the caller lanes (``_lanes.py``),
+        or ``None``: no lanes (``CALLER_LANES = 0``), or an executor whose queue is not ours to
+        reason about (a cluster's, a stdlib pool's: their compiles are taken one at a time by
+        :meth:`_steal`, as before lanes)."""
+        from precompile_executor import PrecompileExecutor
+
+        adapter = self._adapter
+        if adapter is None or not isinstance(adapter.executor, PrecompileExecutor):
+            return None
+        lanes = _lanes.lanes()
+        if lanes is None:
+            return None
+        jobs = []
+        for future, entries in by_future.items():
+            job = entries[0].compiled.job
+            if job is not None and job.task_future is not None and not future.done():
+                jobs.append((min(_predicted_s(e.config) for e in entries), job))
+        return _lanes.Feeder(lanes, jobs)
 
     def _steal(
         self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
@@ -688,6 +717,8 @@ class Tune:
             'compiled").',
         )
         self._stock = True
+        if self._feeder is not None:
+            self._feeder.stop()
         if self._adapter is not None:
             self._adapter.shutdown(wait=False, cancel_futures=True)
         for entry in self._entries.values():
@@ -699,7 +730,7 @@ class Tune:
 
     def _account(self) -> None:
         """Add where this tune's configs compiled to the kernel's record."""
-        counts = {"tunes": 1, "workers": 0, "caller": 0, "failed": 0, "cached": 0}
+        counts = {"tunes": 1, "workers": 0, "lanes": 0, "caller": 0, "failed": 0, "cached": 0}
         for entry in self._entries.values():
             future = entry.future
             if entry.compiled.error is not None or entry.here or entry.missed:
@@ -712,6 +743,8 @@ class Tune:
                 counts["failed"] += 1
             elif entry.compiled.job is not None and entry.compiled.job.cached:
                 counts["cached"] += 1
+            elif entry.compiled.job is not None and entry.compiled.job.rerouted:
+                counts["lanes"] += 1
             else:
                 counts["workers"] += 1
         _guard.count(self.autotuner, **counts)
@@ -722,6 +755,8 @@ class Tune:
         adapter = self._adapter
         if adapter is None:
             return
+        if self._feeder is not None:
+            self._feeder.stop()
         adapter.shutdown(wait=False, cancel_futures=True)
         self._account()
         if failed:
