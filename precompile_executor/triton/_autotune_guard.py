@@ -14,9 +14,9 @@ kernel is tuned by stock Triton (:func:`goes_to_stock`): nothing is compiled twi
 tune that met the miss stops sending (its queued compiles are cancelled) and its remaining
 configs compile here, as in stock Triton.
 
-Per kernel, :func:`statistics` says how many configs compiled in workers, in caller lanes, in
-this process's tune thread, and failed; the records live in ``_state.STATE.compiles`` (``state.reset()`` forgets them).
-docs/triton.md, "Where each config compiled".
+Per kernel, :func:`statistics` says how many configs compiled in workers, in caller lanes, on
+the tune's thread, and failed; the records live in ``_state.STATE.compiles``
+(``state.reset()`` forgets them). docs/triton.md, "Where each config compiled".
 
 Threads: records are changed under ``STATE.lock``, by the tune's own thread.
 """

@@ -11,10 +11,15 @@
                       compile_configs()  ───► one compile per config in the executor
                       (AsyncCompileMode,        (held as a batch: longest predicted first)
                        batch held)
+                      no worker compiling ────► Feeder.fill() (_lanes.py): up to CALLER_LANES
+                        for the tune              queued compiles, shortest predicted first,
+                                                  CompileJob.reroute()d to caller lanes: threads
+                                                  here that compile while this thread benchmarks
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
-                      none landed, none running ─ _steal(): cancel() the shortest queued one;
-                        original _bench(config)   Triton's launch compiles it here
+                      none landed, none running ─ _steal() (no lanes, or none free): cancel()
+                        nor in a lane             the shortest queued one; original
+                                                  _bench(config): Triton's launch compiles it here
                       all landed: leaders within  _confirm(): timed again if screened while
                         CONFIRM_MARGIN, again       compiles still ran
                       screening=True: each config _screen(): a short do_bench budget as they
@@ -34,10 +39,13 @@ at launch, so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and
 ``CompileTimeAssertionFailure`` to ``inf`` and lets anything else propagate, exactly as stock
 Triton does, and if every config fails, Triton's final launch raises it. Nothing failed is ever
 compiled again in this process. A kernel a worker could not load (``KernelTransferError``) is
-compiled here by Triton's own launch, as stock.
+compiled here by Triton's own launch, as stock. A compile that ran in a caller lane ends exactly
+as a worker's: its kernel or its exception (the compiler's own, not a proxy: the same class, so
+the same ``inf`` or the same propagation) goes through the same job future and the same stand-in.
 
 Threads: a tune runs entirely on the thread that launched the kernel, under the autotuner's
-lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads.
+lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads, or on a
+lane's thread, which also moves the tune's next queued compile to a lane as its own lands.
 """
 
 from __future__ import annotations
@@ -84,11 +92,13 @@ this above the best one is slower than it whatever the load did; only the leader
 swap places."""
 
 STEALS = True
-"""Whether a tune's own thread compiles queued configs while no worker is ready for them and it
-has nothing to benchmark (``Tune._steal``). It keeps a cold start — workers still starting or
-importing the kernel's module — from ever being slower than stock Triton, at one cost: a config
-compiled here is not isolated, so a compile that crashes takes this process down (as in stock
-Triton). ``False``: every config compiles in the executor."""
+"""Whether this process compiles a tune's queued configs while no worker is ready for them: in
+the caller lanes, beside the tune's thread (``_lanes.py``; ``PrecompileExecutor`` only), else on
+the tune's own thread when it has nothing to benchmark (``Tune._steal``). It keeps a cold start —
+workers still starting or importing the kernel's module — from ever being slower than stock
+Triton, at one cost: a config compiled here is not isolated, so a compile that crashes takes this
+process down (as in stock Triton). ``False``: every config compiles in the executor (no lanes
+either)."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
@@ -258,7 +268,9 @@ class _Entry:
     """Its timing is a screen (the short budget), not Triton's full one (``Tune._screen``)."""
     here: bool = False
     """Its compile was taken back from the executor's queue before any worker started it, and
-    compiled in this process by Triton's own launch (``Tune._steal``)."""
+    compiled in this process by Triton's own launch (``Tune._steal``). A compile moved to a
+    caller lane is not ``here``: its job's future lands it as a worker's would
+    (``CompileJob.rerouted``)."""
     missed: bool = False
     """Its launch compiled here a kernel under a key no worker produced (``Tune._guarded``)."""
 
@@ -410,8 +422,10 @@ class Tune:
         self, bench: Callable[[Any], Any], screen: Callable[..., Any] | None = None
     ) -> None:
         """Benchmark every config whose compile is done or in memory, in the order they land;
-        while none has landed and a compile is still queued (no worker ready for it), compile
-        that one here, as stock Triton would (:meth:`_steal`). Then, with ``screen`` (a short
+        while no worker compiles for the tune, keep up to ``CALLER_LANES`` queued compiles
+        running in the caller lanes (:meth:`_feeder_for`); while none has landed, none runs in
+        a lane and a compile is still queued, compile that one here, as stock Triton would
+        (:meth:`_steal`). Then, with ``screen`` (a short
         budget benchmarker: screening), time the leaders with the full budget (:meth:`_screen`);
         without, re-measure the leaders timed while compiles still ran, if they are within noise
         of each other (:meth:`_confirm`). Stop at the first exception (Triton's loop re-raises it
@@ -595,7 +609,8 @@ class Tune:
         """Time ``entry`` (with ``screen``'s short budget if given, else the autotuner's own
         ``do_bench``), noting whether no compile of the tune ran while it did; ``False`` if
         ``_bench`` raised (the exception is kept for Triton's loop)."""
-        # Quiet means no compile still running, whether or not this thread has got to its
+        # Quiet means no compile still running — in a worker or a caller lane alike: both
+        # resolve the job's future only once done —, whether or not this thread has got to its
         # result yet: a kernel found in the cache lands at once (docs/triton.md, "Timing
         # integrity"; test_with_every_compile_landed_before_benchmarking_each_config_is_timed_once).
         entry.quiet = all(e.future is None or e.future.done() for e in self._entries.values())
