@@ -24,10 +24,11 @@ Guarantees:
 * No lane compile starts once a worker runs any compile of the tune (the check precedes each
   move); lane compiles already running finish. From then on the workers compile and the tune's
   thread only benchmarks, as with ``_steal``.
-* A lane slot is taken before a compile is submitted, so the lane pool never holds queued work:
-  its idle threads exit at once when the interpreter exits (Python joins a
-  ``ThreadPoolExecutor``'s threads then), and only a compile already running is waited for —
-  nothing can stop a Triton compile midway, in a lane as in stock Triton.
+* A lane slot is taken before a compile is submitted, so the lane pool never holds more
+  compiles than it has threads. At interpreter exit Python joins a ``ThreadPoolExecutor``'s
+  threads: idle lanes end at once, and exit waits at most for one compile per lane, already
+  started — nothing can stop a Triton compile midway, in a lane as in stock Triton. Nothing
+  else keeps a lane (or a tune) waiting at exit.
 * A compile in a lane is not isolated: one that crashes takes this process down, as it would in
   stock Triton (``_autotune_tune.STEALS = False``: no lanes, every config in the executor).
 
@@ -150,7 +151,7 @@ class Feeder:
                 self._in_flight += 1
             task = job.reroute(self._lanes.pool)
             if task is None:  # a worker took it meanwhile, or the tune ended
-                self._landed(None)
+                self._release()
                 continue
             moved += 1
             task.add_done_callback(self._landed)
@@ -177,8 +178,11 @@ class Feeder:
                 return job
         return None
 
-    def _landed(self, _: Future[Any] | None) -> None:
+    def _release(self) -> None:
         with self._lock:
             self._in_flight -= 1
             self._lanes.give()
+
+    def _landed(self, _: Future[Any]) -> None:
+        self._release()
         self.fill()  # on the lane's thread: the next compile starts before the tune's wakes
