@@ -12,6 +12,7 @@ kernel's module first).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -202,6 +203,40 @@ def test_a_first_tune_compiles_in_lanes_beside_its_benchmarks_each_config_once(
     assert {c.kwargs["BLOCK"]: t for c, t in stock.configs_timings.items()} == {
         c.kwargs["BLOCK"]: t for c, t in kernel.configs_timings.items()
     }
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_no_compile_moves_to_a_lane_while_a_worker_compiles_for_the_tune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_lanes, "CALLER_LANES", LANES)
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    pool = PrecompileExecutor(1, timeout=120)
+    try:
+        with knobs.cache.scope():
+            knobs.cache.dir = str(tmp_path / "caller-cache")
+            # The worker is busy with a task of the tune (a sleep stands in for its compile);
+            # the tune's other compiles wait in the queue behind it.
+            held = pool.submit(time.sleep, STARTING_S)
+            deadline = time.monotonic() + TEST_TIMEOUT_S / 2
+            while not held.running():
+                assert time.monotonic() < deadline, "the worker never started"
+                time.sleep(0.05)
+            queued = [
+                pe_triton.precompile(
+                    triple_jit, signature, {"BLOCK": b}, target="cuda:90", executor=pool
+                )
+                for b in (64, 128)
+            ]
+            running = dataclasses.replace(queued[0], task_future=held)
+            lanes = _lanes.lanes()
+            assert lanes is not None
+            feeder = _lanes.Feeder(lanes, [(0.1, running), (0.2, queued[0]), (0.3, queued[1])])
+            assert feeder.fill() == 0 and feeder.in_flight == 0
+            assert not any(job.rerouted or job.done() for job in queued)
+    finally:
+        pool.terminate_workers()
+        pe_triton.state.reset()
 
 
 @triton.jit
