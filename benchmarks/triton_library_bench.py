@@ -52,8 +52,8 @@ wheels need no compiler):
   ``TensorDescriptor`` arguments are built with a dummy block shape that each config's
   ``pre_hook`` sets (the pattern of Triton's persistent-matmul tutorial and Liger's fused MLPs).
   ``bash benchmarks/gpu_session.sh tma`` runs it; its runs also record, per kernel, where each
-  config compiled (``autotune.statistics()``: workers, caller lanes, the tune's thread, failed) and the layer's error
-  against torch.
+  config compiled (``autotune.statistics()``: workers, caller lanes, the tune's thread,
+  failed) and the layer's error against torch.
 * ``liger-moe`` (not run by default) — its fused mixture-of-experts layer
   (``liger_kernel.ops.fused_moe.LigerFusedMoEFunction``): seven grouped-GEMM kernels, forward
   and backward, 16 to 40 configs each (about 200): a few big autotuned GEMMs; estimated at well
