@@ -44,7 +44,9 @@ warming the autotuning process's Triton before its first fork: the A/B of
 ``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
 
-Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
+Per run: whole-process seconds, the autotune, the configs measured in the autotuning process
+while Helion's benchmark subprocess started (``measured here``: docs/helion.md, "Measured here
+while the benchmark subprocess starts"), the time the autotuner waited for precompiles
 (inside ``PrecompileFuture.wait_for_all``, and streamed: for the next one to land), failed
 precompiles (and, in the ``--out`` rows, each one's reason, error and config, and every
 precompile's compile time as ``[batch, seconds, ok]``: how long a batch's slowest compile held
@@ -374,6 +376,7 @@ def run_scenario(
     from helion.autotuner.random_search import RandomSearch
 
     from precompile_executor import PrecompileExecutor
+    from precompile_executor.helion import state as peh_state
     from precompile_executor.helion import use
 
     jobs = 4 if quick else JOBS
@@ -525,7 +528,10 @@ def run_scenario(
             for how, e in early
             if e is not None
         ]
-        out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
+        # configs measured in this process while Helion's benchmark subprocess started (ours:
+    # docs/helion.md, "Measured here while the benchmark subprocess starts"; native: none)
+    out["measured_here"] = peh_state.statistics().measured_while_starting
+    out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         out["measures"] = measures
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
             # from install() at the top, against the autotune
@@ -638,6 +644,7 @@ def cpu_check_row(scenario: str, mode: str, quick: bool, configs: int) -> dict[s
         "failures": sum(r.status != "ok" for r in results),
         "best_config": str(drawn[0]),
         "best_ms": 1.0,
+        "measured_here": peh.state.statistics().measured_while_starting,
     }
 
 
@@ -718,13 +725,30 @@ def _warm_cell(ok: list[dict[str, Any]]) -> str:
     return f"{_fmt(warm, '.1f')} (ready +{ended:.1f} s, autotune from +{_fmt(autotune, '.1f')} s)"
 
 
+def _measured_here_cell(ok: list[dict[str, Any]]) -> str:
+    """Configs measured in the autotuning process while Helion's benchmark subprocess started
+    (median, and the range over the runs), then the subprocess's warm-up seconds (median)."""
+    counts = [r["measured_here"] for r in ok if r.get("measured_here") is not None]
+    if not counts:
+        return "—"
+    low, high = min(counts), max(counts)
+    cell = f"{statistics.median(counts):.0f}" + (f" ({low}–{high})" if low != high else "")
+    warm = [
+        w["warm_s"]
+        for r in ok
+        for w in r.get("bench_workers", ())
+        if w.get("warm_s") is not None and w.get("how") == "provider"
+    ]
+    return cell + (f", subprocess warm after {statistics.median(warm):.1f} s" if warm else "")
+
+
 def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
     """The markdown table of medians, with machine, versions and date."""
     lines = [
         "| scenario | mode | runs | whole process s (median) | vs native-fork | vs hand-spawn | "
-        "autotune s | precompile wait s | warm-up s | failures | best ms | "
+        "autotune s | precompile wait s | warm-up s | measured here | failures | best ms | "
         "best ms vs native-fork | best configs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ok_rows(scenario: str, mode: str) -> list[dict[str, Any]]:
@@ -758,6 +782,7 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
                 f"{hand if mode in ('ours-spawn', 'install-spawn') else '—'} | "
                 f"{_fmt(_median(ok, 'autotune_s'), '.1f')} | "
                 f"{_fmt(_median(ok, 'precompile_wait_s'), '.1f')} | {_warm_cell(ok)} | "
+                f"{_measured_here_cell(ok)} | "
                 f"{_fmt(_median(ok, 'failures'), '.0f')} | {_fmt(best, '.4f')} | "
                 f"{ratio(best, scenario, 'native-fork', 'best_ms', mode)} | "
                 f"{'; '.join(f'`{c}`' for c in configs)} |"
