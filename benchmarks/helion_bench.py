@@ -529,9 +529,9 @@ def run_scenario(
             if e is not None
         ]
         # configs measured in this process while Helion's benchmark subprocess started (ours:
-    # docs/helion.md, "Measured here while the benchmark subprocess starts"; native: none)
-    out["measured_here"] = peh_state.statistics().measured_while_starting
-    out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
+        # docs/helion.md, "Measured here while the benchmark subprocess starts"; native: none)
+        out["measured_here"] = peh_state.statistics().measured_while_starting
+        out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         out["measures"] = measures
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
             # from install() at the top, against the autotune

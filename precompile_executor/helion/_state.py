@@ -170,8 +170,7 @@ class HelionState:
             self.counts = dataclasses.replace(
                 counts,
                 measured_while_starting=counts.measured_while_starting + 1,
-                autotunes_measured_while_starting=counts.autotunes_measured_while_starting
-                + first,
+                autotunes_measured_while_starting=counts.autotunes_measured_while_starting + first,
             )
 
     # -- for tests ---------------------------------------------------------------------------

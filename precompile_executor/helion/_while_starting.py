@@ -44,9 +44,7 @@ OPTION = "measure_while_worker_starts"
 def options(measure_while_worker_starts: Any) -> dict[str, bool]:
     """The block's options for ``use()``/``install()``, checked before anything is opened."""
     if not isinstance(measure_while_worker_starts, bool):
-        raise TypeError(
-            f"{OPTION} must be True or False, not {measure_while_worker_starts!r:.80}"
-        )
+        raise TypeError(f"{OPTION} must be True or False, not {measure_while_worker_starts!r:.80}")
     return {OPTION: measure_while_worker_starts}
 
 
@@ -91,9 +89,7 @@ class WhileStarting:
         if not self.measured or self.handed_over:
             return
         self.handed_over = True
-        self._say(
-            f"later configs are measured in the subprocess, warm {self._warm_up()}"
-        )
+        self._say(f"later configs are measured in the subprocess, warm {self._warm_up()}")
 
     def end(self) -> None:
         """The autotune ended (the provider's ``cleanup``): say so if it never handed over."""
