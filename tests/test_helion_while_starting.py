@@ -29,7 +29,7 @@ import pytest
 helion = pytest.importorskip("helion")
 torch = pytest.importorskip("torch")
 
-from test_helion import _configs, _fork_batch  # noqa: E402
+from test_helion import _GPU_PRELUDE, _configs, _fork_batch, _run_script, gpu  # noqa: E402
 
 import precompile_executor.helion as peh  # noqa: E402
 from benchmarks._helion_cpu import (  # noqa: E402
@@ -221,3 +221,58 @@ def test_the_option_follows_the_scope_rule(executor: PrecompileExecutor) -> None
         with peh.use(executor, measure_while_worker_starts=1):  # type: ignore[arg-type]
             pass
     assert not peh.installed()
+
+
+_GPU_SCRIPT = """
+    if __name__ == "__main__":
+        import functools, pathlib, tempfile
+        from benchmarks._helion_cpu import HeldWarmUp
+        from precompile_executor.helion import _bench_worker, _while_starting
+        logging.basicConfig(level=logging.INFO)
+        # The provider's worker holds its warm-up until 3 configs were measured here, and the
+        # third waits for it to answer: the handover happens inside the autotune, after exactly
+        # 3, whatever this machine's cold start takes.
+        gate = pathlib.Path(tempfile.mkdtemp()) / "released"
+        _bench_worker.WarmUp = functools.partial(HeldWarmUp, gate=str(gate))
+        real_count = _while_starting.WhileStarting.count
+        def count(self):
+            real_count(self)
+            if self.measured == 3:
+                gate.touch()
+                deadline = time.monotonic() + 300
+                while self.early.starting() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        _while_starting.WhileStarting.count = count
+        random.seed(0)
+        x = torch.randn(2048, 2048, device="cuda", dtype=torch.float16); y = torch.randn_like(x)
+        add.settings.autotune_precompile = "fork"
+        add.settings.autotuner_fn = lambda k, a, **kw: RandomSearch(k, a, count=8)
+        with peh.use(measure_while_worker_starts=os.environ["PE_MEASURE"] == "1"):
+            if os.environ["PE_MEASURE"] == "0":
+                gate.touch()  # every measurement waits for the warm-up, released at once
+            best = add.autotune((x, y), force=True)
+        torch.testing.assert_close(add(x, y), x + y)
+        print("HERE", peh.state.statistics().measured_while_starting)
+        print("BEST", best)
+"""
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("measure", ["1", "0"], ids=["measured-here", "opt-out"])
+def test_gpu_configs_are_measured_here_until_the_subprocess_is_warm(measure: str) -> None:
+    """A real fork-mode autotune under ``use()``: its first configs are measured on the GPU by
+    Helion's in-process path, the rest in the subprocess once it is warm, and the kernel it
+    picks is correct; with the opt-out none is measured here."""
+    proc = _run_script(_GPU_PRELUDE + _GPU_SCRIPT, env={"PE_MEASURE": measure})
+    said = proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, said
+    here = int(proc.stdout.split("HERE", 1)[1].split()[0])
+    if measure == "1":
+        assert here == 3, said
+        assert "config(s) measured in the autotuning process" in proc.stderr, said
+        assert "later configs are measured in the subprocess" in proc.stderr, said
+    else:
+        assert here == 0, said
