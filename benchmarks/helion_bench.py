@@ -66,6 +66,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
@@ -311,9 +312,11 @@ fork mode and our fork path both fork the autotuning process per config) are cou
 @contextlib.contextmanager
 def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None = None) -> Any:
     """Time :data:`PHASES` (outermost calls only) while the block runs; restore them after.
-    ``measures`` gets one ``[start s (from the block's start), seconds, config key]`` per
-    measurement: the same seeded search measures the same configs in every mode, so the
-    per-config times pair up across modes."""
+    ``measures`` gets one ``[start s (from the block's start), seconds, config key, measured
+    ms, where]`` per measurement (``where``: ``"here"`` for ours measuring in the autotuning
+    process while Helion's benchmark subprocess started, else ``"helion"``: wherever Helion
+    measured it): the same seeded search measures the same configs in every mode, so the
+    per-config times and results pair up across modes."""
     import hashlib
     import importlib
 
@@ -331,8 +334,12 @@ def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None
                   **kw: Any) -> Any:  # fmt: skip
             _depth[0] += 1
             t = time.perf_counter()
+            # ours sets it around Helion's in-process path (_provider, _while_starting)
+            here = bool(a and getattr(a[0], "_measuring_here", False))
+            result: Any = None
             try:
-                return _real(*a, **kw)
+                result = _real(*a, **kw)
+                return result
             finally:
                 _depth[0] -= 1
                 if not _depth[0]:
@@ -341,7 +348,9 @@ def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None
                     _acc[1] += 1
                     if _calls is not None and len(a) > 1:  # (provider, config, fn)
                         key = hashlib.sha1(str(a[1]).encode()).hexdigest()[:10]
-                        _calls.append([round(t - began, 3), round(took, 4), key])
+                        ms = result if isinstance(result, float) else None
+                        where = "here" if here else "helion"
+                        _calls.append([round(t - began, 3), round(took, 4), key, ms, where])
 
         setattr(cls, attr, timed)
         saved.append((cls, attr, real))
@@ -790,7 +799,8 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
     head = [f"- {k}: {v}" for k, v in stamp.items()]
     return "\n".join(
         head
-        + ["", *lines, "", *phase_table(rows), "", *measure_pairs(rows), "", *timeouts(rows), ""]
+        + ["", *lines, "", *phase_table(rows), "", *measure_pairs(rows), ""]
+        + [*measured_where(rows), "", *timeouts(rows), ""]
     )
 
 
@@ -833,7 +843,8 @@ def measure_pairs(rows: list[dict[str, Any]]) -> list[str]:
         times: dict[str, list[float]] = collections.defaultdict(list)
         for r in rows:
             if (r["scenario"], r["mode"]) == (scenario, mode):
-                for _start, took, key in r.get("measures", ()):
+                for measure in r.get("measures", ()):
+                    took, key = measure[1], measure[2]
                     times[key].append(took)
         return {k: statistics.median(v) for k, v in times.items()}
 
@@ -851,6 +862,48 @@ def measure_pairs(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {scenario} | {mode} | {len(ratios)} | "
                 f"{statistics.median(ratios):.3f} ({q1:.3f}–{q3:.3f}) |"
             )
+    return lines if len(lines) > 2 else []
+
+
+def measured_where(rows: list[dict[str, Any]]) -> list[str]:
+    """Each config's measured latency against native fork's of the same config, split by where
+    ours measured it: in the autotuning process while Helion's benchmark subprocess started
+    (``here``) or in the subprocess (``helion``). Helion's two paths time alike (docs/helion.md,
+    "Measured here while the benchmark subprocess starts"); this is the check on a GPU."""
+    lines = [
+        "| scenario | mode | measured | configs paired | "
+        "latency vs native-fork's for the same config (median, min–max) |",
+        "|---|---|---|---|---|",
+    ]
+
+    def latencies(scenario: str, mode: str, where: str | None) -> dict[str, float]:
+        found: dict[str, list[float]] = collections.defaultdict(list)
+        for r in rows:
+            if (r["scenario"], r["mode"]) != (scenario, mode):
+                continue
+            for measure in r.get("measures", ()):
+                if len(measure) < 5 or measure[3] is None or not math.isfinite(measure[3]):
+                    continue
+                if where is None or measure[4] == where:
+                    found[measure[2]].append(measure[3])
+        return {k: statistics.median(v) for k, v in found.items()}
+
+    for scenario, modes in SCENARIOS.items():
+        base = latencies(scenario, "native-fork", None)
+        if not base:
+            continue
+        for mode in modes:
+            if mode == "native-fork":
+                continue
+            for where in ("here", "helion"):
+                mine = latencies(scenario, mode, where)
+                ratios = sorted(mine[k] / base[k] for k in mine.keys() & base.keys() if base[k])
+                if not ratios:
+                    continue
+                lines.append(
+                    f"| {scenario} | {mode} | {where} | {len(ratios)} | "
+                    f"{statistics.median(ratios):.3f} ({ratios[0]:.3f}–{ratios[-1]:.3f}) |"
+                )
     return lines if len(lines) > 2 else []
 
 
