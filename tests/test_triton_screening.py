@@ -349,6 +349,27 @@ def test_a_kernel_with_its_own_do_bench_is_timed_as_given_and_says_so_once(
     assert len(said) == 1 and "do_bench=" in said[0].getMessage()
 
 
+@pytest.mark.timeout(240)
+def test_after_a_state_reset_a_kernel_not_screened_says_so_again(
+    executor: PrecompileExecutor,
+    new_gpu: Callable[[], DryRunGPU],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mine = ScriptedBenchmarker(new_gpu(), _times((256, 4), 1))
+
+    def own_do_bench(kernel_call: Callable[[], None], quantiles: Any) -> list[float]:
+        return mine(kernel_call, quantiles=quantiles)
+
+    kernel = triton.autotune(configs=CONFIGS, key=["n"], do_bench=own_do_bench)(scale_jit)
+    with caplog.at_level("INFO", logger="precompile_executor.triton.autotune"):
+        for n in (4096, 8192):  # a new key each time: a tune each time
+            with pe_autotune.use(executor, screening=True):
+                kernel[GRID](*_args(n))
+            pe_triton.state.reset()  # as if the integration had never been used
+    said = [r for r in caplog.records if "not screened" in r.getMessage()]
+    assert len(said) == 2
+
+
 @pytest.mark.timeout(60)
 def test_screening_is_off_unless_asked_and_must_be_a_bool(
     executor: PrecompileExecutor, new_gpu: Callable[[], DryRunGPU]
