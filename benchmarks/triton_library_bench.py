@@ -991,6 +991,15 @@ def report(
                     + ", ".join(f"{worse.get(m, '–')}" for m in modes)
                     + " |"
                 )
+            lines += ["", "Each run's choice, re-timed (median ms, in round order):", ""]
+            for row in check["checks"]:
+                per_run = row.get("rounds_ms", {})
+                lines.append(
+                    f"* `{row['kernel'].rsplit('.', 1)[-1]}`: "
+                    + "; ".join(
+                        f"{m} " + ", ".join(_fmt(v, 4) for v in per_run.get(m, [])) for m in modes
+                    )
+                )
         lines.append("")
     if any(lib in SMALL for lib in libraries):
         lines += ["## Acceptance (the small ops)", ""]
