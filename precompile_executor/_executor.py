@@ -34,8 +34,8 @@ the code", walks it)::
       │  Hub.dispatch:                                              _processes
       Started → the task's clock starts (its deadline counts from here)
       Done    → Scheduler.task_returned: its Started→Done time to its cost model; _close:
-                DONE, one Settle action; the worker's next task (the one sent ahead, else one
-                written to it now) first; then
+                DONE, one Settle action; the worker's next task (the first sent ahead, else
+                one written to it once the read's messages are handled) first; then
                 the Settler sets the future: a plain result on the monitor at the end of its
                 round, else on a settle thread (unpickle the result, or rebuild the exception
                 as a RemoteError proxy); once nothing is left, the cost history is saved
