@@ -156,6 +156,9 @@ case "${1:-tests}" in
     # ("stock,screen"; add "use" for the unscreened form). Each run's row goes to
     # $OUT/halving-runs.jsonl as it ends, the report to $OUT/halving-bench.md after each run.
     # HALVING_DRY=1: the same on a CPU (a stand-in sm_90 GPU, made-up times: a smoke run).
+    # HALVING_CONTINUE=FILE.jsonl: an earlier call's halving-runs.jsonl (carried in the tree); its
+    # runs join this call's report, so rounds can be spread over calls.
+    [ -n "${HALVING_CONTINUE:-}" ] && cp "$HALVING_CONTINUE" "$OUT/halving-runs.jsonl"
     timeout "${HALVING_TIMEOUT:-500}" python3 -m benchmarks.triton_library_bench ${HALVING_DRY:+--dry-run} \
       --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,screen}" \
       --rounds "${HALVING_ROUNDS:-3}" --alternations "${HALVING_ALTERNATIONS:-5}" \

@@ -52,8 +52,8 @@ wheels need no compiler):
   ``TensorDescriptor`` arguments are built with a dummy block shape that each config's
   ``pre_hook`` sets (the pattern of Triton's persistent-matmul tutorial and Liger's fused MLPs).
   ``bash benchmarks/gpu_session.sh tma`` runs it; its runs also record, per kernel, where each
-  config compiled (``autotune.statistics()``: workers, here, failed) and the layer's error
-  against torch.
+  config compiled (``autotune.statistics()``: workers, caller lanes, the tune's thread,
+  failed) and the layer's error against torch.
 * ``liger-moe`` (not run by default) — its fused mixture-of-experts layer
   (``liger_kernel.ops.fused_moe.LigerFusedMoEFunction``): seven grouped-GEMM kernels, forward
   and backward, 16 to 40 configs each (about 200): a few big autotuned GEMMs; estimated at well
@@ -800,7 +800,8 @@ def where_compiled(
     results: dict[tuple[str, str], list[dict[str, Any]]], lib: str, modes: list[str]
 ) -> list[str]:
     """Per kernel and mode, where its configs compiled (``autotune.statistics()``, median over
-    runs): in workers, here, failed; and whether the guard handed it to stock Triton."""
+    runs): in workers, in caller lanes, on the tune's thread, failed; and whether the guard
+    handed it to stock Triton."""
     rows: list[str] = []
     for mode in modes:
         per_kernel_counts: dict[str, list[dict[str, Any]]] = {}
@@ -809,8 +810,8 @@ def where_compiled(
                 per_kernel_counts.setdefault(kernel, []).append(counts)
         for kernel, runs in per_kernel_counts.items():
             cells = [
-                _fmt(_median([float(c[field]) for c in runs]), 0)
-                for field in ("tunes", "workers", "caller", "failed", "stock_tunes")
+                _fmt(_median([float(c.get(field, 0)) for c in runs]), 0)
+                for field in ("tunes", "workers", "lanes", "caller", "failed", "stock_tunes")
             ]
             stock = sum(1 for c in runs if c.get("stock_reason"))
             lines = f"| `{kernel.rsplit('.', 1)[-1]}` | {mode} | " + " | ".join(cells)
@@ -820,11 +821,12 @@ def where_compiled(
     return [
         "",
         "Where each config compiled (`autotune.statistics()`, median over runs): in workers, in "
-        "this process, failed; tunes handed to stock Triton; runs whose kernel the guard sent "
-        "to stock (one WARNING each).",
+        "this process's caller lanes, on the tune's own thread, failed; tunes handed to stock "
+        "Triton; runs whose kernel the guard sent to stock (one WARNING each).",
         "",
-        "| kernel | mode | tunes | workers | here | failed | stock tunes | sent to stock |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| kernel | mode | tunes | workers | lanes | tune's thread | failed | stock tunes "
+        "| sent to stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ]
 

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -340,6 +341,37 @@ def test_a_thread_pool_compiles_straight_into_the_callers_cache(caller_cache: Pa
         compiled = job.result(timeout=RESULT_TIMEOUT_S)
     assert job.artifacts is not None and job.artifacts.worker_pid == os.getpid()
     assert all(Path(p).is_relative_to(caller_cache) for p in compiled.metadata_group.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_queued_compile_rerouted_to_threads_compiles_once_there_and_finishes_its_job(
+    caller_cache: Path, compile_log: CompileLog
+) -> None:
+    # Workers that stay in their initializer: the tasks stay queued until rerouted.
+    pool = PrecompileExecutor(1, initializer=time.sleep, initargs=(600.0,), timeout=60)
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    try:
+        with ThreadPoolExecutor(1) as threads:
+            job = precompile(scale_kernel, signature, {"BLOCK": 128}, target=TARGET, executor=pool)
+            queued = job.task_future
+            moved = job.reroute(threads)
+            assert moved is not None and job.task_future is moved and job.rerouted
+            assert queued is not None and queued.cancelled() and not job.future.cancelled()
+            compiled = job.result(timeout=RESULT_TIMEOUT_S)
+            assert job.reroute(threads) is None  # done: nothing left to move
+
+            dropped = precompile(
+                scale_kernel, signature, {"BLOCK": 256}, target=TARGET, executor=pool
+            )
+            assert dropped.future.cancel()
+            assert dropped.reroute(threads) is None and not dropped.rerouted
+        stats = pool.statistics()
+    finally:
+        pool.terminate_workers()
+    assert isinstance(compiled, CompiledKernel) and compiled.hash == job.request.expected_hash
+    assert job.artifacts is not None and job.artifacts.worker_pid == os.getpid()
+    assert [hash_ for _, hash_, _ in compile_log.misses] == [compiled.hash]  # once, in the thread
+    assert (stats.completed, stats.cancelled) == (0, 2)
 
 
 @pytest.mark.timeout(30)

@@ -14,9 +14,9 @@ kernel is tuned by stock Triton (:func:`goes_to_stock`): nothing is compiled twi
 tune that met the miss stops sending (its queued compiles are cancelled) and its remaining
 configs compile here, as in stock Triton.
 
-Per kernel, :func:`statistics` says how many configs compiled in workers, in this process, and
-failed; the records live in ``_state.STATE.compiles`` (``state.reset()`` forgets them).
-docs/triton.md, "Where each config compiled".
+Per kernel, :func:`statistics` says how many configs compiled in workers, in caller lanes, on
+the tune's thread, and failed; the records live in ``_state.STATE.compiles``
+(``state.reset()`` forgets them). docs/triton.md, "Where each config compiled".
 
 Threads: records are changed under ``STATE.lock``, by the tune's own thread.
 """
@@ -44,10 +44,14 @@ class KernelCompiles:
         kernel: the kernel, ``module.qualname`` of its ``@triton.jit`` function.
         tunes: tunes that went through the integration (a new tuning key each).
         workers: configs whose kernel a worker compiled and the launch used.
-        caller: configs this process compiled: taken back from a queue no worker was ready for,
-            not sendable, or missed (the launch specialised otherwise than the compile sent).
-        failed: configs whose compile failed in a worker (a compiler error, a crash, a
-            timeout); Triton handled each as it handles its own failures.
+        lanes: configs a caller lane compiled (a thread of this process, beside the tune's
+            thread): taken back from a queue no worker was ready for, then installed and used
+            exactly as a worker's (``_lanes.py``; docs/triton.md, "Never slower than stock").
+        caller: configs this process compiled through Triton's own launch, on the tune's thread:
+            taken back from a queue no worker was ready for while no lane was free, not
+            sendable, or missed (the launch specialised otherwise than the compile sent).
+        failed: configs whose compile failed in a worker or a lane (a compiler error, a crash,
+            a timeout); Triton handled each as it handles its own failures.
         cached: configs already in this process's caches: nothing to compile.
         stock_tunes: tunes handed to stock Triton whole, after :attr:`stock_reason`.
         stock_reason: why this kernel's tunes go to stock Triton (the WARNING's text), else
@@ -57,6 +61,7 @@ class KernelCompiles:
     kernel: str
     tunes: int = 0
     workers: int = 0
+    lanes: int = 0
     caller: int = 0
     failed: int = 0
     cached: int = 0

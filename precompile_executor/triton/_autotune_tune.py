@@ -11,10 +11,15 @@
                       compile_configs()  ───► one compile per config in the executor
                       (AsyncCompileMode,        (held as a batch: longest predicted first)
                        batch held)
+                      no worker compiling ────► Feeder.fill() (_lanes.py): up to CALLER_LANES
+                        for the tune              queued compiles, shortest predicted first,
+                                                  CompileJob.reroute()d to caller lanes: threads
+                                                  here that compile while this thread benchmarks
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
                         original _bench(config)   do_bench, hooks, launches: Triton's own
-                      none landed, none running ─ _steal(): cancel() the shortest queued one;
-                        original _bench(config)   Triton's launch compiles it here
+                      none landed, none running ─ _steal() (no lanes, or none free): cancel()
+                        nor in a lane             the shortest queued one; original
+                                                  _bench(config): Triton's launch compiles it here
                       all landed: leaders within  _confirm(): timed again if screened while
                         CONFIRM_MARGIN, again       compiles still ran
                       screening=True: each config _screen(): a short do_bench budget as they
@@ -34,10 +39,13 @@ at launch, so ``_bench`` maps ``OutOfResources``, ``PTXASError`` and
 ``CompileTimeAssertionFailure`` to ``inf`` and lets anything else propagate, exactly as stock
 Triton does, and if every config fails, Triton's final launch raises it. Nothing failed is ever
 compiled again in this process. A kernel a worker could not load (``KernelTransferError``) is
-compiled here by Triton's own launch, as stock.
+compiled here by Triton's own launch, as stock. A compile that ran in a caller lane ends exactly
+as a worker's: its kernel or its exception (the compiler's own, not a proxy: the same class, so
+the same ``inf`` or the same propagation) goes through the same job future and the same stand-in.
 
 Threads: a tune runs entirely on the thread that launched the kernel, under the autotuner's
-lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads.
+lock (:func:`tuning_lock`); its compiles' futures resolve on the executor's threads, or on a
+lane's thread, which also moves the tune's next queued compile to a lane as its own lands.
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from . import _autotune_guard as _guard
-from . import _screening
+from . import _lanes, _screening
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
 from ._errors import KernelTransferError
@@ -84,11 +92,13 @@ this above the best one is slower than it whatever the load did; only the leader
 swap places."""
 
 STEALS = True
-"""Whether a tune's own thread compiles queued configs while no worker is ready for them and it
-has nothing to benchmark (``Tune._steal``). It keeps a cold start — workers still starting or
-importing the kernel's module — from ever being slower than stock Triton, at one cost: a config
-compiled here is not isolated, so a compile that crashes takes this process down (as in stock
-Triton). ``False``: every config compiles in the executor."""
+"""Whether this process compiles a tune's queued configs while no worker is ready for them: in
+the caller lanes, beside the tune's thread (``_lanes.py``; ``PrecompileExecutor`` only), else on
+the tune's own thread when it has nothing to benchmark (``Tune._steal``). It keeps a cold start —
+workers still starting or importing the kernel's module — from ever being slower than stock
+Triton, at one cost: a config compiled here is not isolated, so a compile that crashes takes this
+process down (as in stock Triton). ``False``: every config compiles in the executor (no lanes
+either)."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
@@ -258,7 +268,9 @@ class _Entry:
     """Its timing is a screen (the short budget), not Triton's full one (``Tune._screen``)."""
     here: bool = False
     """Its compile was taken back from the executor's queue before any worker started it, and
-    compiled in this process by Triton's own launch (``Tune._steal``)."""
+    compiled in this process by Triton's own launch (``Tune._steal``). A compile moved to a
+    caller lane is not ``here``: its job's future lands it as a worker's would
+    (``CompileJob.rerouted``)."""
     missed: bool = False
     """Its launch compiled here a kernel under a key no worker produced (``Tune._guarded``)."""
 
@@ -299,6 +311,7 @@ class Tune:
         "_args",
         "_entries",
         "_executor",
+        "_feeder",
         "_kwargs",
         "_logged",
         "_screened",
@@ -325,6 +338,7 @@ class Tune:
         self._args = args
         self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
         self._adapter: TritonCompileExecutor | None = None
+        self._feeder: _lanes.Feeder | None = None
         self._entries: dict[Any, _Entry] = {}
         self._logged: set[int] | None = None
         self._stock = False  # the guard saw a miss: the rest of the tune is stock Triton's
@@ -408,8 +422,10 @@ class Tune:
         self, bench: Callable[[Any], Any], screen: Callable[..., Any] | None = None
     ) -> None:
         """Benchmark every config whose compile is done or in memory, in the order they land;
-        while none has landed and a compile is still queued (no worker ready for it), compile
-        that one here, as stock Triton would (:meth:`_steal`). Then, with ``screen`` (a short
+        while no worker compiles for the tune, keep up to ``CALLER_LANES`` queued compiles
+        running in the caller lanes (:meth:`_feeder_for`); while none has landed, none runs in
+        a lane and a compile is still queued, compile that one here, as stock Triton would
+        (:meth:`_steal`). Then, with ``screen`` (a short
         budget benchmarker: screening), time the leaders with the full budget (:meth:`_screen`);
         without, re-measure the leaders timed while compiles still ran, if they are within noise
         of each other (:meth:`_confirm`). Stop at the first exception (Triton's loop re-raises it
@@ -428,10 +444,17 @@ class Tune:
         for entry in ready:
             if not record(entry):
                 return
+        feeder = self._feeder = self._feeder_for(by_future) if STEALS else None
         while waiting:
+            if feeder is not None:
+                feeder.fill()  # while no worker compiles for the tune: lanes compile beside us
             landed = [f for f in waiting if f.done()]
             if not landed:
-                stolen = self._steal(waiting, by_future) if STEALS else None
+                stolen = None
+                if STEALS and (feeder is None or not feeder.in_flight):
+                    # No lane (none here, or every one busy with another tune's compiles):
+                    # this thread compiles one itself rather than wait for no one.
+                    stolen = self._steal(waiting, by_future)
                 if stolen is None:
                     wait(waiting, return_when=FIRST_COMPLETED)
                     continue
@@ -445,6 +468,26 @@ class Tune:
             self._screen(bench, screen)
         else:
             self._confirm(bench)
+
+    def _feeder_for(self, by_future: dict[Future[Any], list[_Entry]]) -> _lanes.Feeder | None:
+        """A feeder that moves this tune's queued compiles to the caller lanes (``_lanes.py``),
+        or ``None``: no lanes (``CALLER_LANES = 0``), or an executor whose queue is not ours to
+        reason about (a cluster's, a stdlib pool's: their compiles are taken one at a time by
+        :meth:`_steal`, as before lanes)."""
+        from precompile_executor import PrecompileExecutor
+
+        adapter = self._adapter
+        if adapter is None or not isinstance(adapter.executor, PrecompileExecutor):
+            return None
+        lanes = _lanes.lanes()
+        if lanes is None:
+            return None
+        jobs = []
+        for future, entries in by_future.items():
+            job = entries[0].compiled.job
+            if job is not None and job.task_future is not None and not future.done():
+                jobs.append((min(_predicted_s(e.config) for e in entries), job))
+        return _lanes.Feeder(lanes, jobs)
 
     def _steal(
         self, waiting: set[Future[Any]], by_future: dict[Future[Any], list[_Entry]]
@@ -566,7 +609,8 @@ class Tune:
         """Time ``entry`` (with ``screen``'s short budget if given, else the autotuner's own
         ``do_bench``), noting whether no compile of the tune ran while it did; ``False`` if
         ``_bench`` raised (the exception is kept for Triton's loop)."""
-        # Quiet means no compile still running, whether or not this thread has got to its
+        # Quiet means no compile still running — in a worker or a caller lane alike: both
+        # resolve the job's future only once done —, whether or not this thread has got to its
         # result yet: a kernel found in the cache lands at once (docs/triton.md, "Timing
         # integrity"; test_with_every_compile_landed_before_benchmarking_each_config_is_timed_once).
         entry.quiet = all(e.future is None or e.future.done() for e in self._entries.values())
@@ -688,6 +732,8 @@ class Tune:
             'compiled").',
         )
         self._stock = True
+        if self._feeder is not None:
+            self._feeder.stop()
         if self._adapter is not None:
             self._adapter.shutdown(wait=False, cancel_futures=True)
         for entry in self._entries.values():
@@ -699,7 +745,7 @@ class Tune:
 
     def _account(self) -> None:
         """Add where this tune's configs compiled to the kernel's record."""
-        counts = {"tunes": 1, "workers": 0, "caller": 0, "failed": 0, "cached": 0}
+        counts = {"tunes": 1, "workers": 0, "lanes": 0, "caller": 0, "failed": 0, "cached": 0}
         for entry in self._entries.values():
             future = entry.future
             if entry.compiled.error is not None or entry.here or entry.missed:
@@ -712,6 +758,8 @@ class Tune:
                 counts["failed"] += 1
             elif entry.compiled.job is not None and entry.compiled.job.cached:
                 counts["cached"] += 1
+            elif entry.compiled.job is not None and entry.compiled.job.rerouted:
+                counts["lanes"] += 1
             else:
                 counts["workers"] += 1
         _guard.count(self.autotuner, **counts)
@@ -722,6 +770,8 @@ class Tune:
         adapter = self._adapter
         if adapter is None:
             return
+        if self._feeder is not None:
+            self._feeder.stop()
         adapter.shutdown(wait=False, cancel_futures=True)
         self._account()
         if failed:

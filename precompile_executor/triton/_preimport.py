@@ -3,13 +3,14 @@
 A worker that meets a kernel it has not loaded imports the kernel's module first (by reference,
 ``_kernel_ref.load_kernel``): for a library such as flash-linear-attention that is seconds, the
 whole package. Paid inside the first config's task, the config waits for it while it could have
-been compiled by an idle worker or by the tune's own thread. So each module is *announced* once
+been compiled by an idle worker or in this process. So each module is *announced* once
 per executor, as soon as it is seen — when a tune meets a kernel of a module not yet announced,
 and once the default executor's workers are up after a ``use()``/``install()`` block opened
 (every module already loaded that holds an autotuned kernel) — as one high-priority task per
 worker that imports it (``_worker.import_modules``). Queued ahead of the configs, those tasks
-go to workers as they become ready; the configs stay queued meanwhile, where the tune's thread
-may take them (``Tune._steal``). A worker that never gets one imports the module in its first
+go to workers as they become ready; the configs stay queued meanwhile, where the caller lanes
+(``_lanes.py``) or the tune's thread (``Tune._steal``) may take them: a worker importing is not
+compiling for the tune. A worker that never gets one imports the module in its first
 config of it.
 
 Never announced: ``__main__``, kernels defined in functions, and packages that call kernels while

@@ -14,13 +14,17 @@
 * **What was announced** (:mod:`._preimport`): the kernel modules each executor's workers were
   asked to import ahead of their configs.
 * **Where each kernel's configs compiled** (:mod:`._autotune_guard`): per autotuned kernel, the
-  configs compiled in workers, here and failed, and whether its tunes now go to stock Triton.
+  configs compiled in workers, in lanes, here and failed, and whether its tunes now go to stock
+  Triton.
+* **The caller lanes** (:mod:`._lanes`): the threads of this process that compile a tune's
+  queued configs while no worker is ready for them, built on first use.
 
-The A/B switches ``_autotune_tune.STEALS``, ``_autotune_tune.CONFIRM_MARGIN`` and
-``_preimport.PREIMPORTS`` are settings, not state: they stay module constants beside the code
-they steer, and :meth:`TritonState.reset` leaves them as they are. Caches that only memoise
-(``_kernel_ref``'s kernel references and loaded kernels, ``_autotune_tune``'s per-autotuner
-locks, weakly keyed) hold nothing a test could observe and are not reset either.
+The A/B switches ``_autotune_tune.STEALS``, ``_autotune_tune.CONFIRM_MARGIN``,
+``_lanes.CALLER_LANES`` and ``_preimport.PREIMPORTS`` are settings, not state: they stay module
+constants beside the code they steer, and :meth:`TritonState.reset` leaves them as they are.
+Caches that only memoise (``_kernel_ref``'s kernel references and loaded kernels,
+``_autotune_tune``'s per-autotuner locks, weakly keyed) hold nothing a test could observe and are
+not reset either.
 
 :meth:`TritonState.reset` is the documented way (for tests) to put all of it back as if the
 integration had never been used.
@@ -53,12 +57,13 @@ class TritonState:
             executor means the default executor.
         originals: Triton's ``Autotuner.run``, ``prune_configs`` and ``_bench`` as found before
             the seam replaced them (empty: never patched); kept after they are put back.
-        lock: guards :attr:`default`, :attr:`warming` and :attr:`announced` (never held while
-            asking the scope).
+        lock: guards :attr:`default`, :attr:`warming`, :attr:`announced` and :attr:`lanes`
+            (never held while asking the scope).
         default: the default executor, once built (a ``PrecompileExecutor``).
         warming: the default executor's background warm-up thread, once started.
         announced: per executor (weakly), the kernel modules its workers were asked to import.
         compiles: per ``@triton.jit`` function (weakly), its ``_autotune_guard.KernelCompiles``.
+        lanes: the caller lanes (a ``_lanes.CallerLanes``), once built.
     """
 
     def __init__(self) -> None:
@@ -71,6 +76,7 @@ class TritonState:
         self.warming: threading.Thread | None = None
         self.announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
         self.compiles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.lanes: Any = None
 
     def executor(self) -> Any:
         """The scope's executor for an autotune starting now in this context: an executor,
@@ -90,16 +96,18 @@ class TritonState:
            process's pool; then ``shutdown(wait=True)``, which that stop has made short;
         3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
            thread, which that stop ends;
-        4. forgets the default executor, its warm-up thread, every announced module and where
-           each kernel's configs compiled (kernels sent to stock Triton by the guard are tuned
-           through the integration again): the next ``precompile()`` or ``autotune.use()``
-           builds a new executor and announces again. :attr:`originals` and the settings
-           (``STEALS``, ``CONFIRM_MARGIN``, ``PREIMPORTS``) are left as they are.
+        4. shuts the caller lanes down (compiles running in them finish on their threads);
+        5. forgets the default executor, its warm-up thread, the lanes, every announced module
+           and where each kernel's configs compiled (kernels sent to stock Triton by the guard
+           are tuned through the integration again): the next ``precompile()`` or
+           ``autotune.use()`` builds a new executor and announces again. :attr:`originals` and
+           the settings (``STEALS``, ``CONFIRM_MARGIN``, ``CALLER_LANES``, ``PREIMPORTS``) are
+           left as they are.
         """
         self.scope.reset()
         with self.lock:
-            default, warming = self.default, self.warming
-            self.default = self.warming = None
+            default, warming, lanes = self.default, self.warming, self.lanes
+            self.default = self.warming = self.lanes = None
             self.announced = weakref.WeakKeyDictionary()
             self.compiles = weakref.WeakKeyDictionary()
         if default is not None:
@@ -109,6 +117,8 @@ class TritonState:
             default.shutdown(wait=True, cancel_futures=True)
         if warming is not None:
             warming.join(RESET_JOIN_S)
+        if lanes is not None:
+            lanes.shutdown()
 
 
 STATE = TritonState()

@@ -66,11 +66,14 @@ class CompileJob:
         finished_at: ``time.perf_counter()`` when its future resolved.
         task_future: the executor's future of the compile task (``None`` when cached); join
             it with ``PrecompileExecutor.timeline()`` records by their ``future``. On a
-            cluster, the future of the last send (see :data:`NODE_LOST_RESENDS`).
+            cluster, the future of the last send (see :data:`NODE_LOST_RESENDS`); after
+            :meth:`reroute`, the future of the compile on the executor it was moved to.
         installed_at: ``time.monotonic()`` when the artifacts were in the caller's cache (the
             clock of the executor's timeline).
         resends: times the compile was sent again because the cluster node that held it was
             lost (at most :data:`NODE_LOST_RESENDS`).
+        rerouted: the compile was taken out of the executor's queue before any worker started
+            it and runs on the executor given to :meth:`reroute` (a caller lane) instead.
     """
 
     request: CompileRequest
@@ -82,6 +85,13 @@ class CompileJob:
     task_future: Future[Any] | None = None
     installed_at: float | None = None
     resends: int = 0
+    rerouted: bool = False
+    _executor: Executor | None = dataclasses.field(default=None, repr=False)
+    _src: Any = dataclasses.field(default=None, repr=False)
+    _moved: Future[Any] | None = dataclasses.field(default=None, repr=False)
+    """The task future :meth:`reroute` cancelled: its cancellation does not end the job."""
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    """Serialises :meth:`reroute` (a tune's thread and a lane's thread may both move jobs)."""
 
     @property
     def description(self) -> str:
@@ -99,6 +109,98 @@ class CompileJob:
     def done(self) -> bool:
         """Return whether the job has finished (compiled, failed, cancelled or cached)."""
         return self.future.done()
+
+    def bind(self, executor: Executor, src: Any) -> None:
+        """Submit the compile of ``src`` (an ``ASTSource``: the kernel its result loads) to
+        ``executor``; cancelling :attr:`future` cancels the task."""
+        self._executor, self._src = executor, src
+        self.task_future = executor.submit(compile_request, self.request)
+        self.future.add_done_callback(self._cancel_task)
+        self.task_future.add_done_callback(self._finish)
+
+    def reroute(self, executor: Executor) -> Future[Any] | None:
+        """Move the compile, if no worker has started it, to ``executor``; return its new task
+        future, or ``None`` (a worker has it, it is done, or the job is).
+
+        The task is taken back by ``cancel()``, which returns True only while no worker has the
+        task, and then none ever will (docs/design.md, "Sending ahead": the honest queue): the
+        compile runs once, in one place. :attr:`future` is not cancelled: the compile runs as
+        :func:`compile_request` on ``executor`` (threads of this process compile straight into
+        its cache) and finishes the job through the same path as a worker's — its result is the
+        ``CompiledKernel`` loaded from the cache, its exception the job's exception. Should
+        ``executor`` refuse it (shut down), it goes back to the job's own executor.
+        """
+        with self._lock:
+            task = self.task_future
+            if task is None or self.rerouted or task.done() or self.future.done():
+                return None
+            self._moved = task
+            if not task.cancel():  # a worker has it: it finishes the job
+                self._moved = None
+                return None
+            self.rerouted = True
+        try:
+            again = executor.submit(compile_request, self.request)
+        except RuntimeError:  # shut down (interpreter exit): the job's own executor compiles it
+            self.rerouted = False
+            assert self._executor is not None  # a job with a task was bound
+            try:
+                again = self._executor.submit(compile_request, self.request)
+            except RuntimeError as exc:  # that one too: the refusal is the job's outcome
+                again = Future()
+                again.set_exception(exc)
+        self.task_future = again
+        again.add_done_callback(self._finish)
+        if self.future.cancelled():  # cancelled meanwhile: _cancel_task saw the old task
+            again.cancel()
+        return again
+
+    def _cancel_task(self, done: Future[Any]) -> None:
+        if done.cancelled() and self.task_future is not None:
+            self.task_future.cancel()
+
+    def _finish(self, done: Future[Any]) -> None:
+        """Resolve :attr:`future` from the task future ``done`` (on the thread that completed
+        it: the executor's result thread, a lane's thread)."""
+        outer, request = self.future, self.request
+        if done.cancelled():
+            if done is not self._moved:  # a task moved by reroute() is no cancellation
+                outer.cancel()
+            return
+        exc = done.exception()
+        lost = isinstance(exc, ClusterNodeLost)
+        if lost and self.resends < NODE_LOST_RESENDS and not outer.done():
+            # A compile is a pure function of its request, so one whose node was lost is sent
+            # again and lands on another node (docs/dask.md, "Compile on CPU nodes").
+            assert self._executor is not None
+            try:
+                again = self._executor.submit(compile_request, request)
+            except RuntimeError:
+                pass  # the executor was shut down meanwhile: the loss stands
+            else:
+                self.resends += 1
+                self.task_future = again
+                again.add_done_callback(self._finish)
+                if outer.cancelled():
+                    again.cancel()
+                return
+        if not outer.set_running_or_notify_cancel():
+            return
+        if exc is None:
+            try:
+                artifacts: CompiledArtifacts = done.result()
+                group = install(artifacts, request.expected_hash)
+                self.installed_at = time.monotonic()
+                kernel = load_compiled(self._src, group, artifacts.hash)
+            except BaseException as install_exc:  # noqa: BLE001 - delivered through the future
+                exc = install_exc
+            else:
+                self.artifacts = artifacts
+                self.finished_at = time.perf_counter()
+                outer.set_result(kernel)
+                return
+        self.finished_at = time.perf_counter()
+        outer.set_exception(exc)
 
 
 def build_request(
@@ -157,52 +259,7 @@ def submit_compile(
         job.finished_at = time.perf_counter()
         outer.set_result(load_compiled(src, group, request.expected_hash))
         return job
-    job.task_future = executor.submit(compile_request, request)
-
-    def cancel_inner(done: Future[Any]) -> None:
-        if done.cancelled() and job.task_future is not None:
-            job.task_future.cancel()
-
-    def finish(done: Future[Any]) -> None:
-        if done.cancelled():
-            outer.cancel()
-            return
-        exc = done.exception()
-        lost = isinstance(exc, ClusterNodeLost)
-        if lost and job.resends < NODE_LOST_RESENDS and not outer.done():
-            # A compile is a pure function of its request, so one whose node was lost is sent
-            # again and lands on another node (docs/dask.md, "Compile on CPU nodes").
-            try:
-                again = executor.submit(compile_request, request)
-            except RuntimeError:
-                pass  # the executor was shut down meanwhile: the loss stands
-            else:
-                job.resends += 1
-                job.task_future = again
-                again.add_done_callback(finish)
-                if outer.cancelled():
-                    again.cancel()
-                return
-        if not outer.set_running_or_notify_cancel():
-            return
-        if exc is None:
-            try:
-                artifacts: CompiledArtifacts = done.result()
-                group = install(artifacts, request.expected_hash)
-                job.installed_at = time.monotonic()
-                kernel = load_compiled(src, group, artifacts.hash)
-            except BaseException as install_exc:  # noqa: BLE001 - delivered through the future
-                exc = install_exc
-            else:
-                job.artifacts = artifacts
-                job.finished_at = time.perf_counter()
-                outer.set_result(kernel)
-                return
-        job.finished_at = time.perf_counter()
-        outer.set_exception(exc)
-
-    outer.add_done_callback(cancel_inner)
-    job.task_future.add_done_callback(finish)
+    job.bind(executor, src)
     return job
 
 
