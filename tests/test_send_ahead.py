@@ -232,3 +232,22 @@ def test_no_ops_go_several_ahead_and_reach_their_worker_in_fewer_writes(
     assert sum(sizes) == 400
     assert max(sizes) > 1 and len(sizes) < 400, sizes
     assert one_worker.statistics().running == 0
+
+
+def test_every_no_op_sent_ahead_of_a_crash_runs_again_and_the_crash_fails_alone(
+    one_worker: PrecompileExecutor,
+) -> None:
+    """Several tasks wait ahead of one short task that kills its worker: none of them started,
+    so each runs on the replacement, none counted against its requeue limit."""
+    for _ in range(20):  # the cost model learns that nap(0) takes microseconds
+        assert one_worker.submit(crashers.nap, 0.0).result(timeout=30) == 0.0
+    before = one_worker.statistics().sent_ahead
+    with one_worker.batch():
+        crash = one_worker.submit(crashers.nap, 0.0, "sigkill")
+        behind = [one_worker.submit(crashers.nap, 0.0) for _ in range(6)]
+    with pytest.raises(WorkerCrashedError):
+        crash.result(timeout=30)
+    assert [f.result(timeout=30) for f in behind] == [0.0] * 6
+    stats = one_worker.statistics()
+    assert stats.sent_ahead - before >= 2
+    assert stats.crashed == 1 and stats.running == 0
