@@ -44,7 +44,9 @@ warming the autotuning process's Triton before its first fork: the A/B of
 ``warm_up()``, then ``use(ex)``).
 Spawn modes run with ``HELION_AUTOTUNE_PRECOMPILE=spawn``, as a spawn-mode user sets it.
 
-Per run: whole-process seconds, the autotune, the time the autotuner waited for precompiles
+Per run: whole-process seconds, the autotune, the configs measured in the autotuning process
+while Helion's benchmark subprocess started (``measured here``: docs/helion.md, "Measured here
+while the benchmark subprocess starts"), the time the autotuner waited for precompiles
 (inside ``PrecompileFuture.wait_for_all``, and streamed: for the next one to land), failed
 precompiles (and, in the ``--out`` rows, each one's reason, error and config, and every
 precompile's compile time as ``[batch, seconds, ok]``: how long a batch's slowest compile held
@@ -64,6 +66,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
@@ -309,9 +312,11 @@ fork mode and our fork path both fork the autotuning process per config) are cou
 @contextlib.contextmanager
 def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None = None) -> Any:
     """Time :data:`PHASES` (outermost calls only) while the block runs; restore them after.
-    ``measures`` gets one ``[start s (from the block's start), seconds, config key]`` per
-    measurement: the same seeded search measures the same configs in every mode, so the
-    per-config times pair up across modes."""
+    ``measures`` gets one ``[start s (from the block's start), seconds, config key, measured
+    ms, where]`` per measurement (``where``: ``"here"`` for ours measuring in the autotuning
+    process while Helion's benchmark subprocess started, else ``"helion"``: wherever Helion
+    measured it): the same seeded search measures the same configs in every mode, so the
+    per-config times and results pair up across modes."""
     import hashlib
     import importlib
 
@@ -329,8 +334,12 @@ def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None
                   **kw: Any) -> Any:  # fmt: skip
             _depth[0] += 1
             t = time.perf_counter()
+            # ours sets it around Helion's in-process path (_provider, _while_starting)
+            here = bool(a and getattr(a[0], "_measuring_here", False))
+            result: Any = None
             try:
-                return _real(*a, **kw)
+                result = _real(*a, **kw)
+                return result
             finally:
                 _depth[0] -= 1
                 if not _depth[0]:
@@ -339,7 +348,9 @@ def _phase_timers(into: dict[str, list[float]], measures: list[list[Any]] | None
                     _acc[1] += 1
                     if _calls is not None and len(a) > 1:  # (provider, config, fn)
                         key = hashlib.sha1(str(a[1]).encode()).hexdigest()[:10]
-                        _calls.append([round(t - began, 3), round(took, 4), key])
+                        ms = result if isinstance(result, float) else None
+                        where = "here" if here else "helion"
+                        _calls.append([round(t - began, 3), round(took, 4), key, ms, where])
 
         setattr(cls, attr, timed)
         saved.append((cls, attr, real))
@@ -374,6 +385,7 @@ def run_scenario(
     from helion.autotuner.random_search import RandomSearch
 
     from precompile_executor import PrecompileExecutor
+    from precompile_executor.helion import state as peh_state
     from precompile_executor.helion import use
 
     jobs = 4 if quick else JOBS
@@ -525,6 +537,9 @@ def run_scenario(
             for how, e in early
             if e is not None
         ]
+        # configs measured in this process while Helion's benchmark subprocess started (ours:
+        # docs/helion.md, "Measured here while the benchmark subprocess starts"; native: none)
+        out["measured_here"] = peh_state.statistics().measured_while_starting
         out["phases"] = {k: [round(v[0], 3), v[1]] for k, v in phases.items()}
         out["measures"] = measures
         if mode in ("ours-spawn", "install-spawn"):  # the background warm-up, from use() or
@@ -638,6 +653,7 @@ def cpu_check_row(scenario: str, mode: str, quick: bool, configs: int) -> dict[s
         "failures": sum(r.status != "ok" for r in results),
         "best_config": str(drawn[0]),
         "best_ms": 1.0,
+        "measured_here": peh.state.statistics().measured_while_starting,
     }
 
 
@@ -718,13 +734,30 @@ def _warm_cell(ok: list[dict[str, Any]]) -> str:
     return f"{_fmt(warm, '.1f')} (ready +{ended:.1f} s, autotune from +{_fmt(autotune, '.1f')} s)"
 
 
+def _measured_here_cell(ok: list[dict[str, Any]]) -> str:
+    """Configs measured in the autotuning process while Helion's benchmark subprocess started
+    (median, and the range over the runs), then the subprocess's warm-up seconds (median)."""
+    counts = [r["measured_here"] for r in ok if r.get("measured_here") is not None]
+    if not counts:
+        return "—"
+    low, high = min(counts), max(counts)
+    cell = f"{statistics.median(counts):.0f}" + (f" ({low}–{high})" if low != high else "")
+    warm = [
+        w["warm_s"]
+        for r in ok
+        for w in r.get("bench_workers", ())
+        if w.get("warm_s") is not None and w.get("how") == "provider"
+    ]
+    return cell + (f", subprocess warm after {statistics.median(warm):.1f} s" if warm else "")
+
+
 def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
     """The markdown table of medians, with machine, versions and date."""
     lines = [
         "| scenario | mode | runs | whole process s (median) | vs native-fork | vs hand-spawn | "
-        "autotune s | precompile wait s | warm-up s | failures | best ms | "
+        "autotune s | precompile wait s | warm-up s | measured here | failures | best ms | "
         "best ms vs native-fork | best configs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def ok_rows(scenario: str, mode: str) -> list[dict[str, Any]]:
@@ -758,6 +791,7 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
                 f"{hand if mode in ('ours-spawn', 'install-spawn') else '—'} | "
                 f"{_fmt(_median(ok, 'autotune_s'), '.1f')} | "
                 f"{_fmt(_median(ok, 'precompile_wait_s'), '.1f')} | {_warm_cell(ok)} | "
+                f"{_measured_here_cell(ok)} | "
                 f"{_fmt(_median(ok, 'failures'), '.0f')} | {_fmt(best, '.4f')} | "
                 f"{ratio(best, scenario, 'native-fork', 'best_ms', mode)} | "
                 f"{'; '.join(f'`{c}`' for c in configs)} |"
@@ -765,7 +799,8 @@ def report(rows: list[dict[str, Any]], stamp: dict[str, str]) -> str:
     head = [f"- {k}: {v}" for k, v in stamp.items()]
     return "\n".join(
         head
-        + ["", *lines, "", *phase_table(rows), "", *measure_pairs(rows), "", *timeouts(rows), ""]
+        + ["", *lines, "", *phase_table(rows), "", *measure_pairs(rows), ""]
+        + [*measured_where(rows), "", *timeouts(rows), ""]
     )
 
 
@@ -808,7 +843,8 @@ def measure_pairs(rows: list[dict[str, Any]]) -> list[str]:
         times: dict[str, list[float]] = collections.defaultdict(list)
         for r in rows:
             if (r["scenario"], r["mode"]) == (scenario, mode):
-                for _start, took, key in r.get("measures", ()):
+                for measure in r.get("measures", ()):
+                    took, key = measure[1], measure[2]
                     times[key].append(took)
         return {k: statistics.median(v) for k, v in times.items()}
 
@@ -826,6 +862,48 @@ def measure_pairs(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {scenario} | {mode} | {len(ratios)} | "
                 f"{statistics.median(ratios):.3f} ({q1:.3f}–{q3:.3f}) |"
             )
+    return lines if len(lines) > 2 else []
+
+
+def measured_where(rows: list[dict[str, Any]]) -> list[str]:
+    """Each config's measured latency against native fork's of the same config, split by where
+    ours measured it: in the autotuning process while Helion's benchmark subprocess started
+    (``here``) or in the subprocess (``helion``). Helion's two paths time alike (docs/helion.md,
+    "Measured here while the benchmark subprocess starts"); this is the check on a GPU."""
+    lines = [
+        "| scenario | mode | measured | configs paired | "
+        "latency vs native-fork's for the same config (median, min–max) |",
+        "|---|---|---|---|---|",
+    ]
+
+    def latencies(scenario: str, mode: str, where: str | None) -> dict[str, float]:
+        found: dict[str, list[float]] = collections.defaultdict(list)
+        for r in rows:
+            if (r["scenario"], r["mode"]) != (scenario, mode):
+                continue
+            for measure in r.get("measures", ()):
+                if len(measure) < 5 or measure[3] is None or not math.isfinite(measure[3]):
+                    continue
+                if where is None or measure[4] == where:
+                    found[measure[2]].append(measure[3])
+        return {k: statistics.median(v) for k, v in found.items()}
+
+    for scenario, modes in SCENARIOS.items():
+        base = latencies(scenario, "native-fork", None)
+        if not base:
+            continue
+        for mode in modes:
+            if mode == "native-fork":
+                continue
+            for where in ("here", "helion"):
+                mine = latencies(scenario, mode, where)
+                ratios = sorted(mine[k] / base[k] for k in mine.keys() & base.keys() if base[k])
+                if not ratios:
+                    continue
+                lines.append(
+                    f"| {scenario} | {mode} | {where} | {len(ratios)} | "
+                    f"{statistics.median(ratios):.3f} ({ratios[0]:.3f}–{ratios[-1]:.3f}) |"
+                )
     return lines if len(lines) > 2 else []
 
 

@@ -57,20 +57,34 @@ def wait_until(condition: Callable[[], bool]) -> None:
     assert condition()
 
 
-def a_slow_done_callback_does_not_hold_back_other_outcomes(make: Make) -> None:
+def a_slow_done_callback_does_not_hold_back_other_outcomes(make: Make, tmp_path: Path) -> None:
     """A cluster client runs every done-callback on one thread; the executor resolves finished
     tasks on resolver threads of its own (``_cluster_state.RESOLVERS``), so one slow callback (a
     compile's files being installed, a user's callback) does not make every later future wait."""
+    release = tmp_path / "release-first"
     other_done = threading.Event()
+    slow_returned = threading.Event()
     waited: list[bool] = []
+
+    def slow(_: object) -> None:
+        waited.append(other_done.wait(10))
+        slow_returned.set()
+
     with make() as ex:
-        first = ex.submit(time.sleep, 0)
-        first.add_done_callback(lambda _: waited.append(other_done.wait(10)))
-        assert first.result(timeout=WAIT_S) is None
+        # The first task finishes only once its callback is attached: a callback attached to a
+        # done future runs at once on this thread, which would then wait for a task not sent yet.
+        first = ex.submit(crashers.wait_for_file, str(release), WAIT_S)
+        first.add_done_callback(slow)
+        release.touch()
+        assert first.result(timeout=WAIT_S) is True
         second = ex.submit(time.sleep, 0)
         second.add_done_callback(lambda _: other_done.set())
         assert second.result(timeout=WAIT_S) is None
         assert other_done.wait(WAIT_S)
+    # shutdown() does not wait for the resolver threads (``ClusterState.run``: a done-callback
+    # may itself shut the executor down), so the slow callback may still be between its wait
+    # and its append here.
+    assert slow_returned.wait(WAIT_S)
     assert waited == [True]
 
 

@@ -128,6 +128,46 @@ def no_leaked_processes() -> Iterator[None]:
         pytest.fail("processes leaked by this test:\n" + "\n".join(details))
 
 
+@pytest.fixture(scope="module")
+def release_idle_workers() -> Iterator[None]:
+    """After the module's tests, stop the warm workers left idle in the process's pool, so they
+    end with the module that started them (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield
+    from precompile_executor import stop_idle_workers
+
+    stop_idle_workers()
+
+
+@pytest.fixture
+def triton_compiles_in_workers_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Only the executor's workers compile a tune's configs: the tune's thread steals none from a
+    cold queue (``STEALS``), and no import task joins the counts (``PREIMPORTS``); afterwards the
+    Triton integration's state is reset: no block, installation or default executor is left."""
+    from precompile_executor import triton as pe_triton
+    from precompile_executor.triton import _autotune_tune, _preimport
+
+    monkeypatch.setattr(_autotune_tune, "STEALS", False)
+    monkeypatch.setattr(_preimport, "PREIMPORTS", False)
+    yield
+    pe_triton.state.reset()
+
+
+@pytest.fixture
+def fresh_helion_state() -> Iterator[None]:
+    """The Helion integration's state as if it was never used (no default executor built, no
+    caller warm-up started: ``state.reset()``); afterwards its default executor's workers and
+    their warm template are stopped (``state.reset()`` ends them with ``terminate_workers()``),
+    so they end within this test: left warm in the pool, they would end in whichever later test
+    stops idle workers, and that test's leak check would meet them still exiting."""
+    import precompile_executor.helion as peh
+
+    peh.state.reset()
+    try:
+        yield
+    finally:
+        peh.state.reset()
+
+
 @pytest.fixture
 def sigint_raises() -> Iterator[None]:
     """SIGINT raises ``KeyboardInterrupt`` in this process for the test, then the old handler.

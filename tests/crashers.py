@@ -133,6 +133,17 @@ def square_and_log(x: int, log_path: str, delay: float = 0.0) -> int:
     return x * x
 
 
+def wait_for_file(path: str, timeout_s: float) -> bool:
+    """Return once ``path`` exists (True) or ``timeout_s`` has passed (False): a task the test
+    releases when it is ready for the task to finish."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 FAULTY_COMPILER_NAME = "faulty-g++"
 """Named like g++: Inductor picks the flags for a compiler by its name."""
 

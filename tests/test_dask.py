@@ -104,9 +104,11 @@ def test_wait_for_all_on_ctrl_c_kills_tasks_running_on_nodes(dask_cluster: Any) 
 
 
 @pytest.mark.timeout(60)
-def test_a_slow_done_callback_does_not_hold_back_other_outcomes(dask_cluster: Any) -> None:
+def test_a_slow_done_callback_does_not_hold_back_other_outcomes(
+    dask_cluster: Any, tmp_path: Path
+) -> None:
     cases.a_slow_done_callback_does_not_hold_back_other_outcomes(
-        functools.partial(DaskPrecompileExecutor, dask_cluster[1])
+        functools.partial(DaskPrecompileExecutor, dask_cluster[1]), tmp_path
     )
 
 

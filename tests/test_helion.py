@@ -200,23 +200,9 @@ def test_check_refuses_a_benchmark_worker_that_starts_differently(
         peh.check_helion()
 
 
-@pytest.fixture
-def fresh_state() -> Iterator[None]:
-    """The integration's state as if it was never used (no default executor built, no caller
-    warm-up started: ``state.reset()``); afterwards its default executor's workers and
-    their warm template are stopped (``state.reset()`` ends them with ``terminate_workers()``),
-    so they end within this test: left warm in the pool, they would end in whichever later test
-    stops idle workers, and that test's leak check would meet them still exiting."""
-    peh.state.reset()
-    try:
-        yield
-    finally:
-        peh.state.reset()
-
-
 @pytest.mark.timeout(240)
 def test_use_without_an_executor_builds_one_for_helion_once(
-    fresh_state: None, monkeypatch: pytest.MonkeyPatch
+    fresh_helion_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HELION_AUTOTUNE_PRECOMPILE", raising=False)
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "3")
@@ -238,7 +224,7 @@ def test_use_without_an_executor_builds_one_for_helion_once(
 
 @pytest.mark.timeout(240)
 def test_use_without_an_executor_warms_it_in_the_background_in_spawn_mode(
-    fresh_state: None, monkeypatch: pytest.MonkeyPatch
+    fresh_helion_state: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE", "spawn")
     monkeypatch.setenv("HELION_AUTOTUNE_PRECOMPILE_JOBS", "2")
@@ -654,7 +640,7 @@ def _triton_key() -> Any:
 
 
 def test_fork_mode_children_inherit_the_callers_warm_triton(
-    executor: PrecompileExecutor, tmp_path: Path, fresh_state: None
+    executor: PrecompileExecutor, tmp_path: Path, fresh_helion_state: None
 ) -> None:
     """A child forked before this process hashed Triton's installation hashes it again in its
     own compile, every child (0.3–0.5 s each; docs/gpu-runs.md, "Helion, fork mode"): ``use()`` starts
@@ -676,7 +662,7 @@ def test_fork_mode_children_inherit_the_callers_warm_triton(
 
 def test_a_caller_warm_up_that_fails_costs_nothing_but_its_head_start(
     executor: PrecompileExecutor,
-    fresh_state: None,
+    fresh_helion_state: None,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

@@ -19,7 +19,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,18 +300,9 @@ def _native_fork_outcomes(tmp_path: Path, count: int) -> list[bool]:
         return PrecompileFuture.wait_for_all(native)
 
 
-@pytest.fixture
-def fresh() -> Iterator[None]:
-    peh.state.reset()
-    try:
-        yield
-    finally:
-        peh.state.reset()
-
-
 @pytest.mark.timeout(240)
 def test_use_on_a_fresh_executor_compiles_before_any_worker_started(
-    tmp_path: Path, fresh: None
+    tmp_path: Path, fresh_helion_state: None
 ) -> None:
     """Fork mode: ``with use():`` on a fresh process's default executor forks each config's
     compile from the autotuning process; no worker is started for it (none is waited for), and

@@ -53,3 +53,26 @@ def test_the_report_names_the_timed_out_config_and_who_cut_it() -> None:
     assert "| softmax | ours-fork | 1 | 30.2 | adaptive timeout: 30.0s = min(...) |" in text
     assert "0.500 (target ≤ 0.55)" in text
     assert set(helion_bench.SCENARIOS["bmm"]) == {"native-fork", "ours-fork", "install-fork"}
+
+
+def test_the_report_shows_what_was_measured_here_and_how_it_compares() -> None:
+    """Per mode: how many configs ours measured in the autotuning process while Helion's
+    benchmark subprocess started, and each config's latency against native's, by where."""
+
+    def row(mode: str, measures: list[list[object]], here: int | None) -> dict[str, object]:
+        return {
+            "scenario": "bmm",
+            "mode": mode,
+            "process_s": 10.0,
+            "best_config": "Config(x=1)",
+            "measures": measures,
+            "measured_here": here,
+            "bench_workers": [{"how": "provider", "warm_s": 17.5}] if here else [],
+        }
+
+    native = [[0.0, 1.0, "a", 2.0, "helion"], [0.1, 0.5, "b", 4.0, "helion"]]
+    ours = [[0.0, 0.1, "a", 2.2, "here"], [0.1, 0.5, "b", 4.0, "helion"]]
+    text = helion_bench.report([row("native-fork", native, 0), row("ours-fork", ours, 1)], {})
+    assert "| 1, subprocess warm after 17.5 s |" in text
+    assert "| bmm | ours-fork | here | 1 | 1.100 (1.100–1.100) |" in text
+    assert "| bmm | ours-fork | helion | 1 | 1.000 (1.000–1.000) |" in text

@@ -76,8 +76,10 @@ def test_tasks_reach_both_nodes_and_each_nodes_environment(ray_cluster: Any) -> 
 
 
 @pytest.mark.timeout(60)
-def test_a_slow_done_callback_does_not_hold_back_other_outcomes(ray_cluster: Any) -> None:
-    cases.a_slow_done_callback_does_not_hold_back_other_outcomes(RayPrecompileExecutor)
+def test_a_slow_done_callback_does_not_hold_back_other_outcomes(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    cases.a_slow_done_callback_does_not_hold_back_other_outcomes(RayPrecompileExecutor, tmp_path)
 
 
 # -- the pure decisions ------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from triton.runtime.errors import OutOfResources, PTXASError  # noqa: E402
 from precompile_executor import (  # noqa: E402
     PrecompileExecutor,
     RemoteError,
-    stop_idle_workers,
 )
 from precompile_executor.examples import kernels as examples  # noqa: E402
 from precompile_executor.triton import (  # noqa: E402
@@ -105,10 +104,7 @@ def starved_dot_kernel(a_ptr, c_ptr, B: tl.constexpr):
 # -- fixtures -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _release_workers() -> Iterator[None]:
-    yield
-    stop_idle_workers()
+pytestmark = pytest.mark.usefixtures("release_idle_workers")
 
 
 @pytest.fixture

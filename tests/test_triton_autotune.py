@@ -37,7 +37,6 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from precompile_executor import (  # noqa: E402
     PrecompileExecutor,
     WorkerCrashedError,
-    stop_idle_workers,
 )
 from precompile_executor import triton as pe_triton  # noqa: E402
 from precompile_executor.examples import autotune_kernels  # noqa: E402
@@ -158,10 +157,7 @@ class CompileLog:
 # -- fixtures -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _release_workers() -> Iterator[None]:
-    yield
-    stop_idle_workers()
+pytestmark = pytest.mark.usefixtures("release_idle_workers")
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ and "Screening".
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -23,14 +24,12 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from dry_run_gpu import DryRunGPU, FakeTensor  # noqa: E402
+from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
 
-from precompile_executor import PrecompileExecutor, stop_idle_workers  # noqa: E402
+from precompile_executor import PrecompileExecutor  # noqa: E402
 from precompile_executor import triton as pe_triton  # noqa: E402
-from precompile_executor.triton import _autotune_tune as _tune  # noqa: E402
-from precompile_executor.triton import _preimport, _screening, classify  # noqa: E402
+from precompile_executor.triton import _screening, classify  # noqa: E402
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
 
 TASK_TIMEOUT_S = 60.0
@@ -125,21 +124,9 @@ class ScriptedBenchmarker:
 
 # -- fixtures -----------------------------------------------------------------------------------
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_workers() -> Iterator[None]:
-    yield
-    stop_idle_workers()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No block, installation or default executor before or after; compiles in workers only (a
-    compile in this thread would not overlap a timing, and these tests count overlaps)."""
-    monkeypatch.setattr(_tune, "STEALS", False)
-    monkeypatch.setattr(_preimport, "PREIMPORTS", False)
-    yield
-    pe_triton.state.reset()
+# Compiles in workers only: one in this thread would not overlap a timing, and these tests count
+# overlaps.
+pytestmark = pytest.mark.usefixtures("release_idle_workers", "triton_compiles_in_workers_only")
 
 
 @pytest.fixture(scope="module")
@@ -149,31 +136,13 @@ def executor() -> Iterator[PrecompileExecutor]:
 
 
 @pytest.fixture
-def cache_dir(tmp_path: Path) -> Iterator[Path]:
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / "caller-cache")
-        yield tmp_path / "caller-cache"
-
-
-@pytest.fixture
-def new_gpu(cache_dir: Path) -> Iterator[Callable[[], DryRunGPU]]:
+def new_gpu(tmp_path: Path) -> Iterator[Callable[[], DryRunGPU]]:
     """Make a fresh dry-run GPU Triton's active driver (a new device: empty in-memory caches,
-    the same caller cache on disk); the previous driver is restored at the end."""
-    previous = driver.__dict__.get("_active")
-    made: list[DryRunGPU] = []
-
-    def make() -> DryRunGPU:
-        gpu = DryRunGPU()
-        made.append(gpu)
-        driver.set_active(gpu)
-        return gpu
-
-    try:
-        yield make
-    finally:
-        driver.set_active(previous)
-        for gpu in made:
-            scale_jit.device_caches.pop(gpu.device, None)
+    the same caller cache on disk); each is undone at the end, the last made first."""
+    with contextlib.ExitStack() as made:
+        yield lambda: made.enter_context(
+            installed(DryRunGPU(), tmp_path / "caller-cache", (scale_jit,))
+        )
 
 
 def _autotune(
@@ -347,6 +316,27 @@ def test_a_kernel_with_its_own_do_bench_is_timed_as_given_and_says_so_once(
     assert kernel.best_config.kwargs["BLOCK"] == 256 and kernel.best_config.num_warps == 4
     said = [r for r in caplog.records if "not screened" in r.getMessage()]
     assert len(said) == 1 and "do_bench=" in said[0].getMessage()
+
+
+@pytest.mark.timeout(240)
+def test_after_a_state_reset_a_kernel_not_screened_says_so_again(
+    executor: PrecompileExecutor,
+    new_gpu: Callable[[], DryRunGPU],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mine = ScriptedBenchmarker(new_gpu(), _times((256, 4), 1))
+
+    def own_do_bench(kernel_call: Callable[[], None], quantiles: Any) -> list[float]:
+        return mine(kernel_call, quantiles=quantiles)
+
+    kernel = triton.autotune(configs=CONFIGS, key=["n"], do_bench=own_do_bench)(scale_jit)
+    with caplog.at_level("INFO", logger="precompile_executor.triton.autotune"):
+        for n in (4096, 8192):  # a new key each time: a tune each time
+            with pe_autotune.use(executor, screening=True):
+                kernel[GRID](*_args(n))
+            pe_triton.state.reset()  # as if the integration had never been used
+    said = [r for r in caplog.records if "not screened" in r.getMessage()]
+    assert len(said) == 2
 
 
 @pytest.mark.timeout(60)

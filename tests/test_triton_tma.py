@@ -31,16 +31,13 @@ tensor_descriptor = pytest.importorskip("triton.tools.tensor_descriptor")
 from dry_run_gpu import DryRunGPU, FakeTensor, installed  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from precompile_executor import PrecompileExecutor, stop_idle_workers  # noqa: E402
-from precompile_executor import triton as pe_triton  # noqa: E402
+from precompile_executor import PrecompileExecutor  # noqa: E402
 from precompile_executor.triton import (  # noqa: E402
     TensorSpec,
-    _preimport,  # noqa: E402
     classify,
     launch,
     warm,
 )
-from precompile_executor.triton import _autotune_tune as _tune  # noqa: E402
 from precompile_executor.triton import autotune as pe_autotune  # noqa: E402
 from precompile_executor.triton._worker import compile_request  # noqa: E402
 
@@ -51,7 +48,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 GRID = (1, 1)
 SIZE = 256
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("release_idle_workers", "triton_compiles_in_workers_only"),
+]
 
 
 @triton.jit
@@ -131,21 +131,6 @@ class CallerCompiles:
     ) -> None:
         if not cache_hit:
             self.signatures.append(dict(src.signature))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _release_workers() -> Iterator[None]:
-    yield
-    stop_idle_workers()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # Only the workers compile (no steal from a cold queue, no import tasks in the counts).
-    monkeypatch.setattr(_tune, "STEALS", False)
-    monkeypatch.setattr(_preimport, "PREIMPORTS", False)
-    yield
-    pe_triton.state.reset()
 
 
 @pytest.fixture(scope="module")

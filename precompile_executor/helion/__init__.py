@@ -24,7 +24,9 @@ beside the program's own imports.
 
 * **Helion's benchmark subprocess, started ahead**: ``install()`` and ``use()`` start Helion's
   measuring worker (its own loop) before the autotune needs it; the autotune takes it over, and
-  while installed it stays warm for the next autotune.
+  while installed it stays warm for the next autotune. Until it is warm, configs are measured in
+  the autotuning process by Helion's in-process path (``measure_while_worker_starts=False``
+  waits for it instead).
 * **Streaming**: every search's benchmark provider becomes :class:`StreamingBenchmarkProvider`,
   which submits each config's precompile as soon as Helion generated its code and benchmarks each
   config as soon as its precompile succeeds, in completion order; each result is Helion's own.
@@ -50,8 +52,9 @@ Importing this module imports neither Helion nor torch; :func:`use` imports Heli
 reading ``StreamingBenchmarkProvider``.
 
 ``state`` is the integration's process-wide state in one object (``_state.HelionState``): its
-``reset()`` (for tests) closes every block and the installation, kills the spare benchmark
-worker, stops the default executor and forgets it all.
+``statistics()`` counts the configs measured in the autotuning process while the benchmark
+subprocess started; its ``reset()`` (for tests) closes every block and the installation, kills
+the spare benchmark worker, stops the default executor and forgets it all.
 """
 
 from typing import Any

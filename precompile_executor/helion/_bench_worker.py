@@ -260,6 +260,7 @@ class EarlyWorker:
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self.ended: float | None = None
+        self.cold = not isinstance(job, Release)  # a new process, not a kept one
         self._stopping = False  # stop() or discard() kills it on purpose: no warning then
         self._thread = threading.Thread(
             target=self._warm, args=(job, timeout), name="precompile-bench-warm", daemon=True
@@ -313,6 +314,16 @@ class EarlyWorker:
         with contextlib.suppress(Exception):
             self.process.join(timeout=5)
         _forget_if_dead(self.process)
+
+    def starting(self) -> bool:
+        """Whether its cold start (a new process's :class:`WarmUp` round trip) is still under
+        way, told without waiting: ``False`` once it answered, failed or was stopped, and for a
+        kept worker releasing its last autotune's caches (warm already)."""
+        return self.cold and self.ended is None
+
+    def warm_up_s(self) -> float | None:
+        """Seconds from its start to the end of its warm-up round trip (``None``: not over)."""
+        return None if self.ended is None else self.ended - self.started
 
     def usable(self) -> bool:
         """Whether a provider can still take it: not failed, not dead."""

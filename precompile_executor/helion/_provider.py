@@ -32,11 +32,13 @@ code included) runs the baseline then.
 Helion's benchmark subprocess (every measurement runs in it by default) is the spare that
 ``install()``/``use()`` started, or is started when the provider is built, and warmed in the
 background (``_bench_worker``): its cold start, 17–24 s on the H200, does not begin inside the
-first measurement, as it does with Helion alone.
+first measurement, as it does with Helion alone. While it has not answered its warm-up, each
+config is measured in this process by Helion's own in-process path, and every later one in the
+subprocess (``_while_starting``; ``measure_while_worker_starts=False`` turns it off).
 
 Timing integrity: in spawn mode our workers run configs on the GPU while Helion measures; each
-measurement (``_benchmark_function`` and ``benchmark_isolated``) holds the GPU's exclusive lease
-(``_lease``), each worker run a shared one.
+measurement (``_benchmark_function``, in this process or the subprocess, and
+``benchmark_isolated``) holds the GPU's exclusive lease (``_lease``), each worker run a shared one.
 
 Every search reaches this class: ``_seam`` wraps ``BaseSearch._prepare`` to choose it where the
 search would build a plain ``LocalBenchmarkProvider`` (only ``BaseSearch`` and ``FiniteSearch``
@@ -64,7 +66,7 @@ from helion.autotuner.benchmark_provider import (
 from helion.autotuner.logger import capture_output
 from helion.autotuner.progress_bar import iter_with_progress
 
-from . import _bench_worker, _future, _warm
+from . import _bench_worker, _future, _warm, _while_starting
 from ._lease import GpuLease, lease_for
 from ._state import STATE
 
@@ -120,6 +122,10 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
     search: Any = None
     """The search that built this provider (set by ``_seam``'s ``BaseSearch._prepare``): the
     adaptive timeout reads its quantile and lower bound (``_adaptive.rule_for``)."""
+    while_starting: _while_starting.WhileStarting | None = None
+    """Whether a measurement runs in this process while Helion's benchmark subprocess starts,
+    and how many did (``_while_starting``)."""
+    _measuring_here = False  # Helion's _benchmark_function is running its in-process path
 
     def __init__(
         self,
@@ -162,6 +168,9 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
         if early is not None:
             self.__dict__["_early_benchmark_worker"] = early
             self._benchmark_worker = early.worker
+        self.while_starting = _while_starting.WhileStarting(
+            early, allowed=_while_starting.allowed_now()
+        )
         if self.settings.autotune_precompile == "spawn":
             self._lease = lease_for(self.kernel.env.device)
             mismatch = _warm.early_device_mismatch(self.kernel.env.device)
@@ -169,6 +178,8 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
                 self.log.warning(mismatch)
 
     def cleanup(self) -> None:
+        if self.while_starting is not None:
+            self.while_starting.end()
         early = self.__dict__.get("_early_benchmark_worker")
         if early is not None:
             early.stop()  # still cold-starting (an autotune cut short): no wait for it
@@ -222,7 +233,29 @@ class StreamingBenchmarkProvider(LocalBenchmarkProvider):  # type: ignore[misc]
 
     def _benchmark_function(self, config: Any, fn: Any, **kwargs: Any) -> float:
         with self._measuring():
-            return float(super()._benchmark_function(config, fn, **kwargs))
+            while_starting = self.while_starting
+            if while_starting is None or not self._measures_here(while_starting):
+                if while_starting is not None:
+                    while_starting.hand_over()
+                return float(super()._benchmark_function(config, fn, **kwargs))
+            # Helion's own in-process path: its branch for the subprocess is off for this call
+            # (_subprocess_benchmark_enabled), so it times, checks accuracy and classifies here.
+            while_starting.count()
+            self._measuring_here = True
+            try:
+                return float(super()._benchmark_function(config, fn, **kwargs))
+            finally:
+                self._measuring_here = False
+
+    def _measures_here(self, while_starting: _while_starting.WhileStarting) -> bool:
+        """Whether this measurement, which Helion would send to its benchmark subprocess, runs
+        in this process because that subprocess is still starting (``_while_starting``)."""
+        return while_starting.here() and bool(super()._subprocess_benchmark_enabled())
+
+    def _subprocess_benchmark_enabled(self) -> bool:
+        if self._measuring_here:
+            return False
+        return bool(super()._subprocess_benchmark_enabled())
 
     def benchmark_isolated(self, fns: list[Callable[..., object]], **kwargs: Any) -> Any:
         self._run_deferred_baseline()  # its benchmark worker needs Helion's set-up

@@ -35,7 +35,7 @@ from typing import Any
 from .. import PrecompileExecutor
 from .._cluster_executor import ClusterExecutor
 from .._scope import check_executor
-from . import _bench_worker, _warm
+from . import _bench_worker, _warm, _while_starting
 from ._errors import UnsupportedHelionError as UnsupportedHelionError  # the seam's API
 from ._state import STATE, Originals
 from ._warm import HelionExecutor
@@ -93,6 +93,7 @@ _PROVIDER_METHODS = {
         "timeout",
     ),
     "_create_precompile_future": ("self", "config", "fn"),
+    "_subprocess_benchmark_enabled": ("self",),
     "_budget_exceeded_synced": ("self",),
     "_compute_baseline": ("self",),
     "_compute_effective_tolerances": ("self",),
@@ -141,6 +142,14 @@ _CODE_USES = (
         "LocalBenchmarkProvider",
         "benchmark",
         "_benchmark_function",
+    ),
+    # measuring in this process while the benchmark subprocess starts (_while_starting): the
+    # in-process path is the one _benchmark_function takes with the subprocess path off
+    (
+        "helion.autotuner.benchmark_provider",
+        "LocalBenchmarkProvider",
+        "_benchmark_function",
+        "_subprocess_benchmark_enabled",
     ),
     # the benchmark worker the provider starts early: where Helion keeps and uses it
     (
@@ -394,15 +403,19 @@ def installed() -> bool:
     return STATE.active()
 
 
-def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
+def _arrive(
+    executor: HelionExecutor | None, *, process_wide: bool, measure_while_worker_starts: Any
+) -> Any:
     """Everything before a holder joins the scope: the head starts, the check, the default
-    executor; then ``join(executor)`` (the scope's ``enter`` or ``install``), whose first call
-    patches Helion. Returns what ``join`` returned; on a refusal nothing stays built."""
+    executor; then ``join(executor, options)`` (the scope's ``enter`` or ``install``), whose
+    first call patches Helion. Returns what ``join`` returned; on a refusal nothing stays
+    built."""
     check_executor(
         executor,
         (PrecompileExecutor, ClusterExecutor),
         "a PrecompileExecutor or a cluster executor (fork mode only)",
     )
+    options = _while_starting.options(measure_while_worker_starts)
     with STATE.lock:
         STATE.arriving += 1  # a concurrent last exit leaves a spare started here alone
     try:
@@ -425,7 +438,8 @@ def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
             _bench_worker.prestart_with_torch()  # a no-op when the spare above is there
         built = executor is None
         resolved = _warm.default_executor() if executor is None else executor
-        joined = STATE.scope.install(executor) if process_wide else STATE.scope.enter(executor)
+        join = STATE.scope.install if process_wide else STATE.scope.enter
+        joined = join(executor, options)
     except BaseException:
         with STATE.lock:
             STATE.arriving -= 1
@@ -441,7 +455,9 @@ def _arrive(executor: HelionExecutor | None, *, process_wide: bool) -> Any:
 
 
 @contextlib.contextmanager
-def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
+def use(
+    executor: HelionExecutor | None = None, *, measure_while_worker_starts: bool = True
+) -> Iterator[HelionExecutor]:
     """Within the block, Helion's autotunes precompile on ``executor`` and benchmark each config
     as soon as its precompile lands.
 
@@ -463,12 +479,23 @@ def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
     compiled on the fork path instead (docs/helion.md, "Cold start: nothing waits for
     workers"). An autotune in the block starts Helion's benchmark subprocess when its provider is
     built and, at its end, keeps it warm for the next autotune while a holder is open; when the
-    last holder leaves, a spare nobody took is killed.
+    last holder leaves, a spare nobody took is killed. While that subprocess is still starting,
+    configs are measured in the autotuning process by Helion's own in-process path, and every
+    later one in the subprocess (docs/helion.md, "Measured here while the benchmark subprocess
+    starts").
 
     Example::
 
         with precompile_executor.helion.use():
             kernel.autotune(args)
+
+    Args:
+        executor: where to precompile; ``None``: the process's executor for Helion.
+        measure_while_worker_starts: ``True`` (the default): while Helion's benchmark
+            subprocess has not finished its cold start, measure configs in the autotuning
+            process, giving up the subprocess's isolation (its timeout on a kernel that hangs,
+            a sticky CUDA error kept out of this process) for those configs only. ``False``:
+            every measurement waits for the subprocess, as with Helion alone.
 
     Yields:
         The executor (the default executor when none was given).
@@ -478,9 +505,12 @@ def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
             patched).
         TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
             executor (``DaskPrecompileExecutor``, ``RayPrecompileExecutor``: fork mode's
-            compiles run on its nodes, spawn mode is refused; docs/helion.md, "On a cluster").
+            compiles run on its nodes, spawn mode is refused; docs/helion.md, "On a cluster"),
+            or ``measure_while_worker_starts`` is not a bool; nothing was opened.
     """
-    block, resolved = _arrive(executor, process_wide=False)
+    block, resolved = _arrive(
+        executor, process_wide=False, measure_while_worker_starts=measure_while_worker_starts
+    )
     try:
         yield resolved
     finally:
@@ -488,7 +518,9 @@ def use(executor: HelionExecutor | None = None) -> Iterator[HelionExecutor]:
         STATE.discard_doomed()
 
 
-def install(executor: HelionExecutor | None = None) -> None:
+def install(
+    executor: HelionExecutor | None = None, *, measure_while_worker_starts: bool = True
+) -> None:
     """Make every later Helion autotune in this process, on any thread, precompile on
     ``executor`` (default: the process's executor for Helion, as :func:`use` builds it) where no
     :func:`use` block is open (docs/helion.md, "Which executor: the scope rule").
@@ -500,12 +532,17 @@ def install(executor: HelionExecutor | None = None) -> None:
     while installed, that subprocess stays warm from one autotune to the next (docs/helion.md,
     "Helion's benchmark subprocess, started before the autotune").
 
+    Args:
+        executor: as in :func:`use`.
+        measure_while_worker_starts: as in :func:`use` (a spare already warm when the autotune
+            starts leaves nothing to measure here).
+
     Raises:
         UnsupportedHelionError: the installed Helion is not a supported version.
         TypeError: ``executor`` is neither a :class:`PrecompileExecutor` nor a cluster
-            executor (as in :func:`use`).
+            executor, or ``measure_while_worker_starts`` is not a bool (as in :func:`use`).
     """
-    _arrive(executor, process_wide=True)
+    _arrive(executor, process_wide=True, measure_while_worker_starts=measure_while_worker_starts)
 
 
 def uninstall() -> None:

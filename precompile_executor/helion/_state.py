@@ -13,6 +13,8 @@
   the guardian process that SIGKILLs every benchmark worker's process group if this process dies
   (the same :class:`~precompile_executor._process.Guardian` as the executor's workers'; one of
   the integration's own, since a spare starts before any executor and may outlive it).
+* **Counts** (:meth:`HelionState.statistics`): configs measured in the autotuning process while
+  Helion's benchmark subprocess was starting (:mod:`._while_starting`).
 
 :meth:`HelionState.reset` is the documented way (for tests) to put all of it back as if the
 integration had never been used.
@@ -40,6 +42,21 @@ if TYPE_CHECKING:
 RESET_JOIN_S = 30.0
 """Longest :meth:`HelionState.reset` waits for each warm-up thread (a warm-up ends once its
 executor is stopped; a caller's warm-up computes one cache key, 0.3–0.5 s)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HelionStatistics:
+    """What the Helion integration counted in this process (:meth:`HelionState.statistics`).
+
+    Attributes:
+        measured_while_starting: configs measured in the autotuning process, by Helion's
+            in-process path, while Helion's benchmark subprocess was still starting
+            (docs/helion.md, "Measured here while the benchmark subprocess starts").
+        autotunes_measured_while_starting: autotunes that measured at least one config so.
+    """
+
+    measured_while_starting: int = 0
+    autotunes_measured_while_starting: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +90,7 @@ class HelionState:
             scope: a spare they may have started is not doomed by a concurrent last exit.
         doomed: spares the last holder's exit took away, to be killed outside the locks.
         guardian: kills every benchmark worker's process group if this process dies.
+        counts: what :meth:`statistics` reports.
     """
 
     def __init__(self) -> None:
@@ -91,6 +109,7 @@ class HelionState:
         self.arriving = 0
         self.doomed: list[Any] = []
         self.guardian = Guardian()
+        self.counts = HelionStatistics()
 
     def connect(self, patch: Callable[[], Originals], restore: Callable[[Originals], None]) -> None:
         """Called once by the seam at its import: how to patch Helion and put it back."""
@@ -138,6 +157,22 @@ class HelionState:
         for spare in doomed:
             spare.discard()
 
+    def statistics(self) -> HelionStatistics:
+        """A snapshot of the integration's counts in this process."""
+        with self.lock:
+            return self.counts
+
+    def count_measured_while_starting(self, *, first: bool) -> None:
+        """One config measured in the autotuning process while the benchmark subprocess
+        started; ``first``: the first of its autotune."""
+        with self.lock:
+            counts = self.counts
+            self.counts = dataclasses.replace(
+                counts,
+                measured_while_starting=counts.measured_while_starting + 1,
+                autotunes_measured_while_starting=counts.autotunes_measured_while_starting + first,
+            )
+
     # -- for tests ---------------------------------------------------------------------------
 
     def reset(self) -> None:
@@ -157,7 +192,8 @@ class HelionState:
         5. stops the guardian: it SIGKILLs what is still registered (a benchmark worker a
            provider still holds) and exits; the next benchmark worker starts a new one;
         6. forgets all of it: the default executor, the early device, the warm-up threads and
-           times. Module flags (``STARTS_EARLY``, ``WARMS_CALLER``) are left as they are.
+           times, the counts. Module flags (``STARTS_EARLY``, ``WARMS_CALLER``) are left as
+           they are.
         """
         self.scope.reset()
         with self.lock:
@@ -168,6 +204,7 @@ class HelionState:
             self.default = self.warming = self.early_device = None
             self.caller_warms = {}
             self.times = {}
+            self.counts = HelionStatistics()
         for spare in spares:
             spare.discard()
         if default is not None:
@@ -192,4 +229,4 @@ STATE = HelionState()
 
 os.register_at_fork(after_in_child=STATE.after_fork_in_child)
 
-__all__ = ["OFF", "STATE", "HelionState", "Originals"]
+__all__ = ["OFF", "STATE", "HelionState", "HelionStatistics", "Originals"]

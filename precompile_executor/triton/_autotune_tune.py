@@ -847,11 +847,11 @@ def screening_benchmarker(autotuner: Any) -> Callable[..., Any] | None:
                 default, warmup=_screening.SCREEN_WARMUP_MS, rep=_screening.SCREEN_REP_MS
             )
         reason = f"its benchmarker {default!r} takes no warmup/rep budget"
-    with _unscreened_lock:
+    with STATE.lock:
         try:
-            if autotuner in _unscreened:
+            if autotuner in STATE.unscreened:
                 return None
-            _unscreened.add(autotuner)
+            STATE.unscreened.add(autotuner)
         except TypeError:  # not weak-referenceable: report every time rather than never
             pass
     logger.info(
@@ -860,10 +860,6 @@ def screening_benchmarker(autotuner: Any) -> Callable[..., Any] | None:
         reason,
     )
     return None
-
-
-_unscreened: weakref.WeakSet[Any] = weakref.WeakSet()
-_unscreened_lock = threading.Lock()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@
   Triton.
 * **The caller lanes** (:mod:`._lanes`): the threads of this process that compile a tune's
   queued configs while no worker is ready for them, built on first use.
+* **Which autotuners were told they are not screened** (:mod:`._autotune_tune`,
+  ``screening_benchmarker``): the INFO line is logged once per autotuner.
 
 The A/B switches ``_autotune_tune.STEALS``, ``_autotune_tune.CONFIRM_MARGIN``,
 ``_lanes.CALLER_LANES`` and ``_preimport.PREIMPORTS`` are settings, not state: they stay module
@@ -57,13 +59,15 @@ class TritonState:
             executor means the default executor.
         originals: Triton's ``Autotuner.run``, ``prune_configs`` and ``_bench`` as found before
             the seam replaced them (empty: never patched); kept after they are put back.
-        lock: guards :attr:`default`, :attr:`warming`, :attr:`announced` and :attr:`lanes`
-            (never held while asking the scope).
+        lock: guards :attr:`default`, :attr:`warming`, :attr:`announced`, :attr:`lanes` and
+            :attr:`unscreened` (never held while asking the scope).
         default: the default executor, once built (a ``PrecompileExecutor``).
         warming: the default executor's background warm-up thread, once started.
         announced: per executor (weakly), the kernel modules its workers were asked to import.
         compiles: per ``@triton.jit`` function (weakly), its ``_autotune_guard.KernelCompiles``.
         lanes: the caller lanes (a ``_lanes.CallerLanes``), once built.
+        unscreened: the autotuners (weakly) already told that screening cannot shorten their
+            timings.
     """
 
     def __init__(self) -> None:
@@ -77,6 +81,7 @@ class TritonState:
         self.announced: weakref.WeakKeyDictionary[Executor, set[str]] = weakref.WeakKeyDictionary()
         self.compiles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self.lanes: Any = None
+        self.unscreened: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def executor(self) -> Any:
         """The scope's executor for an autotune starting now in this context: an executor,
@@ -97,9 +102,10 @@ class TritonState:
         3. waits (at most :data:`RESET_JOIN_S`) for the default executor's background warm-up
            thread, which that stop ends;
         4. shuts the caller lanes down (compiles running in them finish on their threads);
-        5. forgets the default executor, its warm-up thread, the lanes, every announced module
-           and where each kernel's configs compiled (kernels sent to stock Triton by the guard
-           are tuned through the integration again): the next ``precompile()`` or
+        5. forgets the default executor, its warm-up thread, the lanes, every announced module,
+           where each kernel's configs compiled (kernels sent to stock Triton by the guard
+           are tuned through the integration again) and which autotuners were told they are
+           not screened (they are told again): the next ``precompile()`` or
            ``autotune.use()`` builds a new executor and announces again. :attr:`originals` and
            the settings (``STEALS``, ``CONFIRM_MARGIN``, ``CALLER_LANES``, ``PREIMPORTS``) are
            left as they are.
@@ -110,6 +116,7 @@ class TritonState:
             self.default = self.warming = self.lanes = None
             self.announced = weakref.WeakKeyDictionary()
             self.compiles = weakref.WeakKeyDictionary()
+            self.unscreened = weakref.WeakSet()
         if default is not None:
             terminate = getattr(default, "terminate_workers", None)
             if callable(terminate):
