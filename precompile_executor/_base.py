@@ -614,6 +614,7 @@ class Handoff:
         self._saved: float | None = None  # the interval to put back; None: ours not in force
         self._ours = 0.0  # what sys reported after we set it
         self._generation = 0  # a forked child's count starts anew: its parent's futures
+        self._callback: functools.partial[None] | None = None  # _done for this generation
 
     def in_flight(self) -> int:
         """Tasks submitted whose futures are not done yet, and ``holding()`` blocks open."""
@@ -631,7 +632,14 @@ class Handoff:
         not inside :func:`in_background`."""
         if _background.get():
             return
-        future.add_done_callback(functools.partial(self._done, self._begin()))
+        generation = self._begin()
+        callback = self._callback
+        if callback is None or callback.args[0] != generation:
+            # One callback per generation, shared by every future: a partial per task was
+            # three more objects for the garbage collector to trace while the task is queued
+            # (docs/design.md, "Per-task overhead").
+            callback = self._callback = functools.partial(self._done, generation)
+        future.add_done_callback(callback)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:

@@ -34,8 +34,8 @@ the code", walks it)::
       │  Hub.dispatch:                                              _processes
       Started → the task's clock starts (its deadline counts from here)
       Done    → Scheduler.task_returned: its Started→Done time to its cost model; _close:
-                DONE, one Settle action; the worker's next task (the one sent ahead, else one
-                written to it now) first; then
+                DONE, one Settle action; the worker's next task (the first sent ahead, else
+                one written to it once the read's messages are handled) first; then
                 the Settler sets the future: a plain result on the monitor at the end of its
                 round, else on a settle thread (unpickle the result, or rebuild the exception
                 as a RemoteError proxy); once nothing is left, the cost history is saved
@@ -332,8 +332,7 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
             predicted_s=costs.estimate(cost) * len(calls),
             memory_limit=opts.memory_limit,
         )
-        # A weak reference: the future must not keep its task (and the task its future) alive.
-        future.add_done_callback(functools.partial(_on_done, scheduler, weakref.ref(task)))
+        future.add_done_callback(_CancelWatch(scheduler, task))
         with scheduler.lock:
             scheduler.check_open()
             actions = scheduler.enqueue_predicted(task)
@@ -523,15 +522,29 @@ def pickle_arguments(calls: list[Call]) -> bytes:
 
 
 @own_callback
-def _on_done(scheduler: Scheduler, task_ref: weakref.ref[Task], future: Future[Any]) -> None:
-    """A future's done-callback (any thread): if the user cancelled it while queued, the
-    scheduler notifies its waiters at once."""
-    if not future.cancelled():
-        return
-    task = task_ref()
-    if task is not None:
-        with scheduler.lock:
-            scheduler.cancelled_by_user(task)
+class _CancelWatch:
+    """A task's future's done-callback (any thread): if the user cancelled it while queued, the
+    scheduler notifies its waiters at once.
+
+    One slotted object (and its weak reference) per task: it lives as long as the future, and
+    each object it adds is traced by every garbage collection while the task is queued
+    (docs/design.md, "Per-task overhead"). The task is held weakly: the future must not keep its
+    task (and the task its future) alive.
+    """
+
+    __slots__ = ("_scheduler", "_task")
+
+    def __init__(self, scheduler: Scheduler, task: Task) -> None:
+        self._scheduler = scheduler
+        self._task = weakref.ref(task)
+
+    def __call__(self, future: Future[Any]) -> None:
+        if not future.cancelled():
+            return
+        task = self._task()
+        if task is not None:
+            with self._scheduler.lock:
+                self._scheduler.cancelled_by_user(task)
 
 
 def stop_idle_workers(key: bytes | None = None) -> int:

@@ -17,8 +17,9 @@ Rules:
 * a task with a memory limit starts only while what the running limited tasks may still take,
   plus its own limit, fits in the available memory (always when none runs);
 * with no worker idle, the head may be sent *ahead* to a busy worker whose task is predicted to
-  take at most ``AHEAD_BELOW_S`` in all: the one predicted to end first (docs/design.md,
-  "Sending ahead").
+  take at most ``AHEAD_BELOW_S`` in all: the one predicted to end first; more than one task
+  waits ahead of a worker only while they and its task are predicted to take at most
+  ``AHEAD_BATCH_S`` together (docs/design.md, "Sending ahead").
 """
 
 from __future__ import annotations
@@ -62,17 +63,57 @@ a long one. Its risk is the task ahead waiting behind one that turns out long; b
 a prediction that is wrong by a few times costs a fraction of a second."""
 
 
-def ahead_of(predicted_s: Sequence[float], remaining_s: Sequence[float]) -> int | None:
+AHEAD_BATCH_S = 0.002
+"""The most a worker's task and every task ahead of it may be predicted to take together for
+one more to go ahead (up to :data:`AHEAD_MAX_TASKS`): tasks this short take less than the
+caller's monitor thread spends answering a ``Done``, so a worker that waits for each next
+``Run`` idles most of the time, and the tasks decided in one monitor round reach it in one
+write (docs/design.md, "Per-task overhead"). A task waits behind the others for at most this
+long (if the predictions hold), so ``cancel()`` is refused only for tasks about to start."""
+
+AHEAD_MAX_TASKS = 8
+"""The most tasks ahead of one worker's task (see :data:`AHEAD_BATCH_S`)."""
+
+
+def ahead_of(
+    predicted_s: Sequence[float],
+    remaining_s: Sequence[float],
+    ahead_s: Sequence[float] | None = None,
+    ahead_n: Sequence[int] | None = None,
+    head_s: float = 0.0,
+) -> int | None:
     """Index of the busy worker to send the queue's head to ahead of need, or ``None``.
+
+    A worker with no task ahead takes one behind a task predicted at most ``AHEAD_BELOW_S``; one
+    with tasks ahead takes another only while its task, those ahead and the head are all
+    predicted (none unknown) to take at most ``AHEAD_BATCH_S`` together, and fewer than
+    ``AHEAD_MAX_TASKS`` wait. Among those allowed: the one predicted to be free first.
 
     Args:
         predicted_s: each candidate worker's task, its predicted whole duration (0: unknown).
         remaining_s: what is predicted to remain of it now (may be negative: overdue).
+        ahead_s: the predicted durations of the tasks already ahead of it, summed (``inf``: one
+            is unknown); ``None``: none anywhere.
+        ahead_n: how many tasks are already ahead of it; ``None``: none anywhere.
+        head_s: the queue's head, its predicted duration (0: unknown).
     """
     best: int | None = None
+    best_at = 0.0
     for i, (whole, left) in enumerate(zip(predicted_s, remaining_s, strict=True)):
-        if 0 < whole <= AHEAD_BELOW_S and (best is None or left < remaining_s[best]):
-            best = i
+        n = ahead_n[i] if ahead_n is not None else 0
+        queued = ahead_s[i] if ahead_s is not None else 0.0
+        if n == 0:
+            allowed = 0 < whole <= AHEAD_BELOW_S
+        else:
+            allowed = (
+                n < AHEAD_MAX_TASKS
+                and whole > 0
+                and head_s > 0
+                and whole + queued + head_s <= AHEAD_BATCH_S
+            )
+        free_at = left + queued
+        if allowed and (best is None or free_at < best_at):
+            best, best_at = i, free_at
     return best
 
 

@@ -100,7 +100,7 @@ from ._wire import (
     encode,
     read_frames,
     read_now,
-    send_frame,
+    send_frames,
     write_now,
 )
 from ._worker import Startup, read_capture_file, serve_interpreter
@@ -130,8 +130,9 @@ if TYPE_CHECKING:
 #
 #     starting ──Hello──► idle ◄──► busy      any state ──► dead
 #
-# A busy spawn worker may also hold one task sent *ahead* (``WorkerHandle.ahead``, SENT): written
-# to its socket behind its task, it becomes the worker's task when that task's ``Done`` arrives.
+# A busy spawn worker may also hold tasks sent *ahead* (``WorkerHandle.ahead``, SENT, in order):
+# written to its socket behind its task, the first becomes the worker's task when that task's
+# ``Done`` arrives.
 #
 # Only :class:`WorkerHandle`'s methods change a worker's state, and each checks where it comes
 # from; an illegal transition raises :class:`InvalidTransition` (a bug, never a user error).
@@ -172,7 +173,9 @@ class Owner(Protocol):
     """What the hub asks of the executor scheduler that owns tasks and workers: its reports (lock
     held), and at interpreter exit :meth:`drain_at_exit` and :meth:`abort` (no lock held)."""
 
-    def task_returned(self, task: Task, outcome: Any) -> list[Action]: ...
+    def task_returned(self, task: Task, outcome: Any, *, pump: bool = True) -> list[Action]: ...
+
+    def pump(self) -> list[Action]: ...
 
     def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]: ...
 
@@ -227,6 +230,7 @@ class Task:
     cost_key: CostKey | None = None  # what its duration is predicted and recorded under
     cost_model: CostModel | None = None  # where its duration is recorded
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
+    ahead_s: float = 0.0  # sent ahead: the model's estimate then (0: unknown)
     memory_limit: int | None = None  # bytes its process group may hold (options(memory_limit=))
     memory_peak: int = (
         0  # the charge that passed memory_limit (set when its kill is ordered for it)
@@ -258,8 +262,8 @@ class Task:
         the task: it was sent ahead, and the task before it ended the worker."""
         self._move(TaskState.SENT, TaskState.QUEUED)
         worker, self.worker = self.worker, None
-        if worker is not None and worker.ahead is self:
-            worker.ahead = None
+        if worker is not None and self in worker.ahead:
+            worker.ahead.remove(self)
         self.requeues += counted
 
     def close(self) -> bool:
@@ -270,8 +274,8 @@ class Task:
         worker, self.worker = self.worker, None
         if worker is not None and worker.task is self:
             worker.task = None
-        if worker is not None and worker.ahead is self:
-            worker.ahead = None
+        if worker is not None and self in worker.ahead:
+            worker.ahead.remove(self)
         return True
 
     def _move(self, frm: TaskState, to: TaskState) -> None:
@@ -316,9 +320,10 @@ class WorkerHandle:
         self.pid = 0
         self.conn: Any = None
         self.task: Task | None = None
-        # Spawn workers: the task written to its socket behind ``task``, to start when ``task``
-        # is done (docs/design.md, "Sending ahead"); it becomes ``task`` when that Done arrives.
-        self.ahead: Task | None = None
+        # Spawn workers: the tasks written to its socket behind ``task``, in the order it runs
+        # them (docs/design.md, "Sending ahead"); the first becomes ``task`` when its Done
+        # arrives.
+        self.ahead: collections.deque[Task] = collections.deque()
         self.owner: Owner | None = None
         self.process: Any = None  # its loky Process (spawn workers): exit code, sentinel
         self.max_tasks: int | None = None  # spawn workers: max_tasks_per_child (it leaves after)
@@ -327,7 +332,7 @@ class WorkerHandle:
         # Spawn workers: tasks decided for it (under the hub's lock) and not yet written. A task
         # sent ahead is decided by whichever thread pumps, and the one it goes behind may end
         # before that thread writes it; the monitor may then decide and write the next one
-        # first. Each writer empties this in order (Hub._send), so the wire keeps the decided
+        # first. Each writer empties this in order (Hub.send), so the wire keeps the decided
         # order (tests/test_send_ahead.py).
         self.outbox: collections.deque[Task] = collections.deque()
 
@@ -797,6 +802,10 @@ class Monitor:
         self._to_close: list[tuple[Connection, threading.Lock]] = []  # (lock held)
         self._stopping = False
         self._later: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # its own thread's
+        # Workers with Runs decided while this thread dispatches one read's messages: written
+        # once they are all dispatched, one write per worker (its own thread's; Hub.run).
+        self._unsent: dict[WorkerHandle, None] | None = None
+        self._unpumped: dict[Owner, None] = {}  # owners to pump at the end of that read
         self._thread = threading.Thread(target=self._run, name="precompile-monitor", daemon=True)
         self._thread.start()
 
@@ -808,6 +817,23 @@ class Monitor:
         """Run ``fn(*args)`` at the end of this round, just before the next wait (the monitor
         thread only: see :meth:`on_thread`)."""
         self._later.append((fn, args))
+
+    def send_later(self, worker: WorkerHandle) -> bool:
+        """While this thread dispatches the messages of one read, defer writing ``worker``'s
+        ``Run`` messages to the end of it, so the tasks decided for it meanwhile go in one write;
+        ``False``: not now, write them at once (this thread only: see :meth:`on_thread`)."""
+        if self._unsent is None:
+            return False
+        self._unsent[worker] = None
+        return True
+
+    def pump_later(self, owner: Owner) -> bool:
+        """While this thread dispatches the messages of one read, let ``owner`` decide what
+        starts next once, after the last of them; ``False``: not now (this thread only)."""
+        if self._unsent is None:
+            return False
+        self._unpumped[owner] = None
+        return True
 
     def _run_later(self) -> None:
         while self._later:
@@ -943,15 +969,25 @@ class Monitor:
             frames, ended = read_frames(fd)
         except OSError:  # a closed socket: the end
             frames, ended = [], True
-        for frame in frames:
-            try:
-                message = decode(frame)
-            except ValueError:  # a garbled stream: the end (what came before it counts)
-                ended = True
-                break
-            self._hub.dispatch(conn, message)
-            if conn.closed:
-                return  # a handler closed it (a worker stopped while it started)
+        self._unsent = {}
+        try:
+            for frame in frames:
+                try:
+                    message = decode(frame)
+                except ValueError:  # a garbled stream: the end (what came before it counts)
+                    ended = True
+                    break
+                self._hub.dispatch(conn, message)
+                if conn.closed:
+                    return  # a handler closed it (a worker stopped while it started)
+        finally:
+            while self._unpumped:
+                owners, self._unpumped = self._unpumped, {}
+                for owner in owners:
+                    self._hub.pump(owner)
+            unsent, self._unsent = self._unsent, None
+            for worker in unsent:
+                self._hub.send(worker)
         if ended:
             self._hub.reaper.eof(conn)
 
@@ -1267,10 +1303,10 @@ class Reaper:
                 actions += _never_started(task, counted=True)
             elif task is not None and task.state is TaskState.STARTED:
                 started = task  # the reaper reports it, with the exit code and the output
-            ahead = worker.ahead
-            if ahead is not None and ahead.state is TaskState.SENT:
-                # Sent behind the worker's task: the worker died of that task, not of this one.
-                actions += _never_started(ahead, counted=False)
+            for ahead in list(worker.ahead):
+                if ahead.state is TaskState.SENT:
+                    # Sent behind the worker's task: the worker died of that task, not of these.
+                    actions += _never_started(ahead, counted=False)
             owner = worker.owner
             if was_alive and owner is not None:
                 expected = worker.kind == "fork" and task is None
@@ -1401,9 +1437,13 @@ class Hub:
             self.memory.start_pending()
         wake = False
         settles: list[Settle] = []
+        on_monitor = None
         for action in actions:
             if isinstance(action, Send):
-                self._send(action.worker, action.task)
+                if on_monitor is None:
+                    on_monitor = self.monitor.on_thread()
+                if not (on_monitor and self.monitor.send_later(action.worker)):
+                    self.send(action.worker)
                 wake = wake or action.task.timeout is not None
             elif isinstance(action, Settle):
                 settles.append(action)
@@ -1417,7 +1457,7 @@ class Hub:
             self.wake()
         if not settles:
             return
-        if self.monitor.on_thread():
+        if on_monitor if on_monitor is not None else self.monitor.on_thread():
             self.monitor.later(self._carry_settles, settles)
         else:
             self._carry_settles(settles)
@@ -1435,29 +1475,36 @@ class Hub:
         except RuntimeError:  # the settle pool is shut down (or exit is near): do it here
             settle.settler.settle(settle.task, settle.outcome)
 
-    def _send(self, worker: WorkerHandle, task: Task) -> None:
-        """Write ``task``'s ``Run`` to ``worker`` — with every task decided for it before, in the
-        order decided (``WorkerHandle.outbox``): another thread may hold the ``Send`` of an
-        earlier one, and whoever takes the send lock first writes them all."""
+    def send(self, worker: WorkerHandle) -> None:
+        """Write the ``Run`` of every task decided for ``worker`` and not yet written, in the
+        order decided (``WorkerHandle.outbox``), in one write: another thread may hold the
+        ``Send`` of an earlier one, and whoever takes the send lock first writes them all."""
         with worker.send_lock:
-            while worker.outbox:
-                self._write_run(worker, worker.outbox.popleft())
+            outbox = worker.outbox
+            if not outbox:
+                return
+            tasks = [outbox.popleft() for _ in range(len(outbox))]
+            self._write_runs(worker, tasks)
 
     @staticmethod
-    def _write_run(worker: WorkerHandle, task: Task) -> None:
-        """One ``Run`` on the socket (``worker.send_lock`` held)."""
-        assert task.blob is not None
-        message = encode(Run(task.id, task.n, task.want_output, task.blob))
-        log.debug("task %d on the spawn path, worker pid %d", task.id, worker.pid)
+    def _write_runs(worker: WorkerHandle, tasks: list[Task]) -> None:
+        """``tasks``' ``Run`` messages on the socket (``worker.send_lock`` held)."""
+        messages = []
+        for task in tasks:
+            assert task.blob is not None
+            messages.append(encode(Run(task.id, task.n, task.want_output, task.blob)))
+        if log.isEnabledFor(logging.DEBUG):
+            ids = [task.id for task in tasks]
+            log.debug("tasks %s on the spawn path, worker pid %d", ids, worker.pid)
         conn = worker.conn
         try:
             if conn is None or conn.closed:
                 raise OSError("socket closed")
-            send_frame(conn.fileno(), message)  # send_bytes' bytes
+            send_frames(conn.fileno(), messages)  # send_bytes' bytes
         except (OSError, ValueError):
-            # The worker is dying; its end of file (read by the monitor) puts the task, which
+            # The worker is dying; its end of file (read by the monitor) puts the tasks, which
             # never started, back in the queue.
-            log.debug("task %d: worker pid %d gone before the send", task.id, worker.pid)
+            log.debug("worker pid %d gone before the send", worker.pid)
 
     def _fork(self, task: Task) -> None:
         assert task.calls is not None
@@ -1539,11 +1586,15 @@ class Hub:
         kill_now(pid)
         self.submit_job(_process.kill_group, pid, 0.0)  # waits for them; catches stragglers
 
+    def pump(self, owner: Owner) -> None:
+        """Let ``owner`` dispatch what may start now, and carry it out (no lock held)."""
+        with self.lock:
+            actions = owner.pump()
+        self.run(actions)
+
     def _repump(self, scheduler: Any) -> None:
         """Memory may have freed: let ``scheduler``'s queue go on (memory watcher, no lock)."""
-        with self.lock:
-            actions = scheduler.pump()
-        self.run(actions)
+        self.pump(scheduler)
 
     # -- what the monitor reads (the monitor thread) -------------------------------------------
 
@@ -1597,7 +1648,9 @@ class Hub:
                 # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
                 # it at once (from the warm template: milliseconds).
                 self.roster.forget(worker)
-            actions += task.owner.task_returned(task, (message, worker.pid))
+            # On the monitor amid one read's messages, the owner pumps once after the last.
+            later = self.monitor.pump_later(task.owner)
+            actions += task.owner.task_returned(task, (message, worker.pid), pump=not later)
             if (message.retire or message.recycle) and worker.owner is not None:
                 actions += worker.owner.worker_gone(
                     worker, expected=False, recycled=message.recycle

@@ -87,9 +87,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("precompile_executor")
 
 AHEAD_MAX_BYTES = 64 << 10
-"""The largest task sent ahead: it waits in the worker's socket until the worker reads it, and
-must fit in the socket's buffer (Linux's default: 208 KiB), or the write would block this
-process's thread until the worker's current task ends."""
+"""The most bytes of tasks sent ahead to one worker: they wait in its socket until the worker
+reads them, and must fit in the socket's buffer (Linux's default: 208 KiB), or the write would
+block this process's thread until the worker's current task ends."""
 
 KILLED_DETAIL = "killed because the batch was interrupted"
 """What a task killed by :meth:`Scheduler.kill` (``kill_running_futures``) fails with."""
@@ -253,48 +253,69 @@ class Scheduler:
 
     def _send_ahead(self) -> list[Action]:
         """With no spawn worker idle, write queued spawn tasks to busy workers whose tasks are
-        predicted to end soon, one behind each (docs/design.md, "Sending ahead")."""
+        predicted to end soon, behind their tasks (docs/design.md, "Sending ahead")."""
         manager = self.worker_manager
         if manager.idle or manager.devices or manager.max_tasks_per_child is not None:
             # Devices: the task goes where the balance says, when a worker there is free.
             # max_tasks_per_child: a worker may leave after its task, before reading the next.
             return []
+        head = self._head("spawn")
+        if head is None:
+            return []
+        busy = [
+            w
+            for w in manager.workers
+            if w.kind == "spawn"
+            and w.state == "busy"
+            and len(w.ahead) < _policy.AHEAD_MAX_TASKS
+            and w.conn is not None
+            and (t := w.task) is not None
+            and t.kill_order is None
+            and t.memory_limit is None
+        ]
+        if not busy:
+            return []
+        now = time.monotonic()
+        whole: list[float] = []
+        left: list[float] = []
+        ahead_s: list[float] = []
+        ahead_n: list[int] = []
+        ahead_bytes: list[int] = []
+        for w in busy:
+            t = w.task
+            assert t is not None
+            p = _predicted_now(t)
+            whole.append(p)
+            left.append(p - (now - (t.started_at or t.sent_at or now)))
+            queued = [a.ahead_s for a in w.ahead]  # as predicted when each went ahead
+            ahead_s.append(sum(queued) if all(queued) else float("inf"))
+            ahead_n.append(len(queued))
+            ahead_bytes.append(sum(len(a.blob or b"") for a in w.ahead))
         actions: list[Action] = []
-        while (head := self._head("spawn")) is not None:
-            if head.memory_limit is not None or len(head.blob or b"") > AHEAD_MAX_BYTES:
+        while head is not None:
+            size = len(head.blob or b"")
+            if head.memory_limit is not None or size > AHEAD_MAX_BYTES:
                 break  # admitted for memory when it starts; too big to wait in a socket
-            busy = [
-                (w, t)
-                for w in manager.workers
-                if w.kind == "spawn"
-                and w.state == "busy"
-                and w.ahead is None
-                and w.conn is not None
-                and (t := w.task) is not None
-                and t.kill_order is None
-                and t.memory_limit is None
-            ]
-            if not busy:
-                break
-            now = time.monotonic()
-            whole = [_predicted_now(t) for _, t in busy]
-            left = [
-                p - (now - (t.started_at or t.sent_at or now))
-                for p, (_, t) in zip(whole, busy, strict=True)
-            ]
-            index = _policy.ahead_of(whole, left)
+            head_s = _predicted_now(head)
+            index = _policy.ahead_of(whole, left, ahead_s, ahead_n, head_s)
+            if index is not None and ahead_bytes[index] + size > AHEAD_MAX_BYTES:
+                index = None  # the tasks waiting in its socket must fit in its buffer
             if index is None:
                 break
             task = self._pop_claimed("spawn")
-            if task is None:
-                continue
-            worker = busy[index][0]
-            task.send_to(worker, now)
-            worker.ahead = task
-            self.ahead.add(task)
-            self.sent_ahead += 1
-            self.spawn_tasks += 1
-            actions.append(Send(worker, task))
+            if task is not None:
+                worker = busy[index]
+                task.send_to(worker, now)
+                task.ahead_s = head_s
+                worker.ahead.append(task)
+                self.ahead.add(task)
+                self.sent_ahead += 1
+                self.spawn_tasks += 1
+                ahead_s[index] += head_s if head_s > 0 else float("inf")
+                ahead_n[index] += 1
+                ahead_bytes[index] += size
+                actions.append(Send(worker, task))
+            head = self._head("spawn")
         return actions
 
     def _pop_claimed(self, path: str) -> Task | None:
@@ -376,8 +397,9 @@ class Scheduler:
         self.settler.unsettled += 1
         return [Settle(self.settler, task, outcome)]
 
-    def task_returned(self, task: Task, outcome: Any) -> list[Action]:
-        """``task``'s ``Done`` arrived: resolve it; its worker takes the next task."""
+    def task_returned(self, task: Task, outcome: Any, *, pump: bool = True) -> list[Action]:
+        """``task``'s ``Done`` arrived: resolve it; its worker takes the next task. Not
+        ``pump``: the hub pumps once it has read every ``Done`` that came with this one."""
         worker = task.worker
         task.done_at = now = time.monotonic()
         if worker is not None:
@@ -392,20 +414,19 @@ class Scheduler:
         actions = self._close(task, outcome)
         if worker is not None and worker.kind == "spawn" and worker.state == "busy":
             worker.tasks_run += 1
-            following = worker.ahead
-            if following is not None:
+            if worker.ahead:
                 # Already in its socket: the worker has started it, or is about to.
-                worker.ahead = None
+                following = worker.ahead.popleft()
                 worker.task = following
                 self.ahead.discard(following)
                 self.in_flight.add(following)
-                return actions + self.pump()
+                return actions + self.pump() if pump else actions
             worker.free(now)
             if self.shutdown and not self.queued():
                 actions += self.worker_manager.give_back(worker, worker.since)
             else:
                 self.worker_manager.idle_again(worker)
-        return actions + self.pump()
+        return actions + self.pump() if pump else actions
 
     def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]:
         """``task``'s worker died before the task started: it never ran, so it runs elsewhere.

@@ -103,7 +103,7 @@ def own_callback(fn: _F) -> _F:
     across a wait, runs no user code — so a future carrying only such callbacks may be set on
     the monitor (:meth:`._scheduling.Settler.settle_now`; tests/test_settle.py pins which ones
     a future carries). Marks the function; its bound methods and ``functools.partial`` of it
-    count too."""
+    count too, and so do the instances of a class it marks."""
     setattr(fn, OWN_CALLBACK, True)
     return fn
 

@@ -129,7 +129,7 @@ FRAME_SIZE = struct.Struct("!i")
 FRAME_BIG_SIZE = struct.Struct("!Q")
 """After a size of -1: the size of a body over 2 GiB."""
 
-_JOIN_LIMIT = 16384  # as multiprocessing.connection: a larger body is not copied to join it
+JOIN_LIMIT = 16384  # as multiprocessing.connection: a larger body is not copied to join it
 
 
 def write_frame(fd: int, data: bytes) -> None:
@@ -140,7 +140,7 @@ def write_frame(fd: int, data: bytes) -> None:
     n = len(data)
     big = n > 0x7FFFFFFF
     header = FRAME_SIZE.pack(-1) + FRAME_BIG_SIZE.pack(n) if big else FRAME_SIZE.pack(n)
-    if n <= _JOIN_LIMIT:
+    if n <= JOIN_LIMIT:
         _write_all(fd, header + data)
     else:
         _write_all(fd, header)
@@ -153,13 +153,40 @@ def send_frame(fd: int, data: bytes) -> None:
     code would otherwise hold it as long as it likes before this thread got it back); the rest,
     if any, is written as :func:`write_frame` does."""
     n = len(data)
-    if n > _JOIN_LIMIT:
+    if n > JOIN_LIMIT:
         write_frame(fd, data)
         return
     frame = FRAME_SIZE.pack(n) + data
     sent = send_now(fd, frame) or 0
     if sent < len(frame):
         _write_all(fd, memoryview(frame)[sent:])
+
+
+def send_frames(fd: int, bodies: list[bytes]) -> None:
+    """:func:`send_frame` of each of ``bodies``, in order: small ones in one write (a worker
+    reads them in one read, and is woken once)."""
+    if len(bodies) == 1 or any(len(body) > JOIN_LIMIT for body in bodies):
+        for body in bodies:
+            send_frame(fd, body)
+        return
+    data = _joined(bodies)
+    sent = send_now(fd, data) or 0
+    if sent < len(data):
+        _write_all(fd, memoryview(data)[sent:])
+
+
+def write_frames(fd: int, bodies: list[bytes]) -> None:
+    """:func:`write_frame` of each of ``bodies``, in order: small ones in one write."""
+    if len(bodies) == 1 or any(len(body) > JOIN_LIMIT for body in bodies):
+        for body in bodies:
+            write_frame(fd, body)
+        return
+    _write_all(fd, _joined(bodies))
+
+
+def _joined(bodies: list[bytes]) -> bytes:
+    pack = FRAME_SIZE.pack
+    return b"".join([part for body in bodies for part in (pack(len(body)), body)])
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -347,6 +374,21 @@ class FrameReader:
     def buffered(self) -> bool:
         """Whether bytes already read wait to be taken."""
         return self.pos < len(self.data)
+
+    def has_frame(self) -> bool:
+        """Whether a whole frame is already read: :meth:`next` returns it without reading."""
+        data, pos = self.data, self.pos
+        have = len(data) - pos
+        if have < FRAME_SIZE.size:
+            return False
+        size: int = FRAME_SIZE.unpack_from(data, pos)[0]
+        head = FRAME_SIZE.size
+        if size == -1:
+            head += FRAME_BIG_SIZE.size
+            if have < head:
+                return False
+            size = FRAME_BIG_SIZE.unpack_from(data, pos + FRAME_SIZE.size)[0]
+        return have >= head + size
 
     def whole(self) -> list[bytes]:
         """The frames already read whole, taken in one pass (many small messages come in one

@@ -29,6 +29,7 @@ import cloudpickle
 from . import _stdlib
 from ._errors import ErrorRecord, record_from_exception
 from ._wire import (
+    JOIN_LIMIT,
     Done,
     FrameReader,
     Hello,
@@ -38,6 +39,7 @@ from ._wire import (
     decode,
     encode,
     write_frame,
+    write_frames,
 )
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -417,28 +419,43 @@ def connect_and_initialize(
 
 def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None = None) -> None:
     """Run each task the parent sends until it says stop or goes away, or (``max_tasks``)
-    until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends."""
+    until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends.
+
+    A task's ``Done`` whose next ``Run`` is already read (sent ahead) goes out in one write with
+    that task's ``Started``: the parent reads both at once, and nothing waits longer for it."""
     ran = 0
     fd = conn.fileno()
     frames = FrameReader(fd)
-    while True:
-        try:
-            message = decode(frames.next())
-        except (EOFError, OSError, ValueError):
-            break  # the parent went away or closed us: leave quietly
-        if not isinstance(message, Run):
-            break
-        try:
-            write_frame(fd, encode(Started(message.task_id)))
+    pending: bytes | None = None  # a Done to write with the next task's Started
+    try:
+        while True:
+            try:
+                message = decode(frames.next())
+            except (EOFError, OSError, ValueError):
+                break  # the parent went away or closed us: leave quietly
+            if not isinstance(message, Run):
+                break
+            started = encode(Started(message.task_id))
+            if pending is not None:
+                write_frames(fd, [pending, started])
+                pending = None
+            else:
+                write_frame(fd, started)
             outcomes, output, plain = execute(
                 message.blob, message.n_calls, message.want_output, capture
             )
             retire = any(not ok and is_sticky_cuda_error(rec) for ok, rec in outcomes)
             ran += 1
             recycle = not retire and max_tasks is not None and ran >= max_tasks
-            done = Done(message.task_id, outcomes, output, retire, recycle, plain)
-            write_frame(fd, encode(done))
-        except (EOFError, OSError):
-            break
-        if retire or recycle:
-            break  # CUDA context unusable, or max_tasks_per_child reached: the parent replaces it
+            done = encode(Done(message.task_id, outcomes, output, retire, recycle, plain))
+            if retire or recycle:
+                write_frame(fd, done)
+                break  # CUDA context unusable, or max_tasks_per_child reached: it is replaced
+            if len(done) <= JOIN_LIMIT and frames.has_frame():
+                pending = done  # the next Run is here: its Started goes with this
+            else:
+                write_frame(fd, done)
+        if pending is not None:
+            write_frame(fd, pending)
+    except (EOFError, OSError):
+        pass  # the parent went away: leave quietly

@@ -30,7 +30,7 @@ from precompile_executor import PrecompileExecutor, RemoteError
 from precompile_executor._costs import MAX_KEYS, CostKey, CostModel
 from precompile_executor._executor import pickle_arguments, pickle_function
 from precompile_executor._processes import Task
-from precompile_executor._wire import FrameReader, write_frame
+from precompile_executor._wire import FrameReader, send_frames, write_frame, write_frames
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,15 +148,37 @@ def test_the_frame_reader_gets_every_message_whole() -> None:
             reader.next()
 
 
+def test_the_frame_reader_says_whether_a_whole_frame_waits() -> None:
+    """``has_frame()``: the worker writes a Done with the next task's Started only when
+    ``next()`` will not block."""
+    a, b = socket.socketpair()
+    with a, b:
+        reader = FrameReader(b.fileno())
+        assert not reader.has_frame()
+        write_frames(a.fileno(), [b"one", b"two"])
+        assert reader.next() == b"one"  # both read in one read
+        assert reader.has_frame()
+        assert reader.next() == b"two"
+        assert not reader.has_frame()
+        os.write(a.fileno(), struct.pack("!i", 5) + b"abc")
+        reader.data, reader.pos = reader.data + os.read(b.fileno(), 100), reader.pos
+        assert not reader.has_frame()  # a frame cut short
+        os.write(a.fileno(), b"de")
+        assert reader.next() == b"abcde"
+
+
 @pytest.mark.parametrize("size", [0, 3, 16384, 16385, 1 << 20])
-def test_a_written_frame_is_send_bytes_bytes(size: int) -> None:
+@pytest.mark.parametrize("write", [write_frame, lambda fd, data: send_frames(fd, [b"a", data])])
+def test_a_written_frame_is_send_bytes_bytes(size: int, write: Any) -> None:
     """write_frame() writes what Connection.send_bytes writes: recv_bytes reads it back."""
     payload = os.urandom(size)
     a, b = socket.socketpair()
     with a, b:
         reader = Connection(b.detach())
-        sender = threading.Thread(target=write_frame, args=(a.fileno(), payload))
+        sender = threading.Thread(target=write, args=(a.fileno(), payload))
         sender.start()  # a large frame fills the socket buffer before the reader drains it
+        if write is not write_frame:
+            assert reader.recv_bytes() == b"a"
         assert reader.recv_bytes() == payload
         sender.join(timeout=30)
         reader.close()
@@ -170,22 +192,22 @@ def test_the_next_task_is_on_its_worker_before_the_last_result_is_settled() -> N
         scheduler = ex._backend
         hub = scheduler.hub
         events: list[tuple[str, int]] = []
-        send, settle_now = hub._send, scheduler.settler.settle_now
+        write, settle_now = hub._write_runs, scheduler.settler.settle_now
 
-        def noted_send(worker: Any, task: Task) -> None:
-            events.append(("send", task.id))
-            send(worker, task)
+        def noted_write(worker: Any, tasks: list[Task]) -> None:
+            events.extend(("send", task.id) for task in tasks)
+            write(worker, tasks)
 
         def noted_settle(task: Task, outcome: Any) -> bool:
             events.append(("settle", task.id))
             return settle_now(task, outcome)
 
-        hub._send = noted_send  # type: ignore[method-assign]
+        hub._write_runs = noted_write  # type: ignore[method-assign]
         scheduler.settler.settle_now = noted_settle  # type: ignore[method-assign]
         try:
             assert list(ex.map(crashers.square, range(4), timeout=60)) == [0, 1, 4, 9]
         finally:
-            del hub._send, scheduler.settler.settle_now
+            del hub._write_runs, scheduler.settler.settle_now
     ids = [i for kind, i in events if kind == "send"]
     assert len(ids) == 4
     order = [(kind, ids.index(i)) for kind, i in events]

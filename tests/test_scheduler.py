@@ -40,6 +40,30 @@ def test_a_task_goes_ahead_only_of_a_short_task_the_one_predicted_to_end_first(
 
 
 @pytest.mark.parametrize(
+    ("ahead_s", "ahead_n", "head_s", "expected"),
+    [
+        ([0.0, 0.0], [0, 0], 0.0, 1),  # none ahead: the one predicted to end first
+        ([0.0005, 0.0], [1, 0], 0.0005, 1),  # one free of tasks ahead is free sooner
+        ([0.0003, 0.0005], [1, 1], 0.0005, 0),  # both short enough: the one free first
+        ([0.0005, 0.0005], [1, 1], 0.0, None),  # the head's length unknown: only one ahead
+        ([float("inf"), 0.0005], [1, 1], 0.0005, 1),  # one ahead of unknown length
+        ([0.0015, 0.0015], [1, 1], 0.0005, None),  # past AHEAD_BATCH_S in all
+        ([0.0005, 0.0], [policy.AHEAD_MAX_TASKS, 1], 0.0001, 1),  # at most AHEAD_MAX_TASKS
+    ],
+)
+def test_more_than_one_task_goes_ahead_only_of_tasks_that_short_together(
+    ahead_s: list[float], ahead_n: list[int], head_s: float, expected: int | None
+) -> None:
+    predicted, remaining = [0.0002, 0.0001], [0.0001, 0.00005]
+    assert policy.ahead_of(predicted, remaining, ahead_s, ahead_n, head_s) == expected
+
+
+def test_a_long_task_takes_one_task_ahead_and_no_more() -> None:
+    assert policy.ahead_of([0.02], [0.01], [0.0], [0], 0.02) == 0
+    assert policy.ahead_of([0.02], [0.01], [0.02], [1], 0.02) is None
+
+
+@pytest.mark.parametrize(
     ("spawn", "fork", "idle", "expected"),
     [
         (None, None, True, None),

@@ -182,17 +182,17 @@ def test_runs_reach_a_worker_in_the_order_they_were_decided_whichever_thread_wri
     # expecting the earlier one, would ignore its Started and Done: a lost task, a hung batch.
     _teach(one_worker)
     hub = one_worker._backend.hub
-    send = hub._send
+    send = hub.send
     main_calls = [0]
 
-    def slow_on_the_callers_thread(worker: object, task: object) -> None:
+    def slow_on_the_callers_thread(worker: object) -> None:
         if threading.current_thread() is threading.main_thread():
             main_calls[0] += 1
             if main_calls[0] == 2:  # the task sent ahead of the first
                 time.sleep(0.5)
-        send(worker, task)
+        send(worker)
 
-    hub._send = slow_on_the_callers_thread
+    hub.send = slow_on_the_callers_thread
     try:
         with one_worker.batch():
             futures = [one_worker.submit(crashers.nap, x) for x in (0.05, 0.01, 0.01, 0.01)]
@@ -202,5 +202,52 @@ def test_runs_reach_a_worker_in_the_order_they_were_decided_whichever_thread_wri
         assert not not_done
         assert [f.result(timeout=0) for f in futures] == [0.05, 0.01, 0.01, 0.01]
     finally:
-        del hub._send
+        del hub.send
     assert main_calls[0] >= 2
+
+
+def test_no_ops_go_several_ahead_and_reach_their_worker_in_fewer_writes(
+    one_worker: PrecompileExecutor,
+) -> None:
+    """Tasks predicted far shorter than the monitor's answer to a ``Done`` wait several ahead of
+    a worker, and the ones decided in one monitor round go in one write; each still runs once,
+    in order, and gets its own result."""
+    assert list(one_worker.map(crashers.square, range(50), timeout=60)) == [
+        x * x for x in range(50)
+    ]  # the cost model learns that square is a no-op
+    hub = one_worker._backend.hub
+    write = hub._write_runs
+    sizes: list[int] = []
+
+    def noted_write(worker: object, tasks: list[object]) -> None:
+        sizes.append(len(tasks))
+        write(worker, tasks)
+
+    hub._write_runs = noted_write
+    try:
+        results = list(one_worker.map(crashers.square, range(400), timeout=60))
+    finally:
+        del hub._write_runs
+    assert results == [x * x for x in range(400)]
+    assert sum(sizes) == 400
+    assert max(sizes) > 1 and len(sizes) < 400, sizes
+    assert one_worker.statistics().running == 0
+
+
+def test_every_no_op_sent_ahead_of_a_crash_runs_again_and_the_crash_fails_alone(
+    one_worker: PrecompileExecutor,
+) -> None:
+    """Several tasks wait ahead of one short task that kills its worker: none of them started,
+    so each runs on the replacement, none counted against its requeue limit."""
+    for _ in range(20):  # the cost model learns that nap(0) takes microseconds
+        assert one_worker.submit(crashers.nap, 0.0).result(timeout=30) == 0.0
+    before = one_worker.statistics().sent_ahead
+    with one_worker.batch():
+        crash = one_worker.submit(crashers.nap, 0.0, "sigkill")
+        behind = [one_worker.submit(crashers.nap, 0.0) for _ in range(6)]
+    with pytest.raises(WorkerCrashedError):
+        crash.result(timeout=30)
+    assert [f.result(timeout=30) for f in behind] == [0.0] * 6
+    stats = one_worker.statistics()
+    assert stats.sent_ahead - before >= 2
+    assert stats.crashed == 1 and stats.running == 0
