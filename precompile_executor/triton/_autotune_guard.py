@@ -53,6 +53,9 @@ class KernelCompiles:
         failed: configs whose compile failed in a worker or a lane (a compiler error, a crash,
             a timeout); Triton handled each as it handles its own failures.
         cached: configs already in this process's caches: nothing to compile.
+        identical: configs not timed because another config of the same tune compiled to an
+            identical kernel (same binary and launch): they took its timing (docs/triton.md,
+            "Identical kernels"). Counted in the fields above too, by where they compiled.
         stock_tunes: tunes handed to stock Triton whole, after :attr:`stock_reason`.
         stock_reason: why this kernel's tunes go to stock Triton (the WARNING's text), else
             ``None``.
@@ -65,6 +68,7 @@ class KernelCompiles:
     caller: int = 0
     failed: int = 0
     cached: int = 0
+    identical: int = 0
     stock_tunes: int = 0
     stock_reason: str | None = None
 

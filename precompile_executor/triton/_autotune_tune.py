@@ -69,7 +69,7 @@ from triton.runtime._async_compile import AsyncCompileMode, FutureKernel
 from .._costs import triton_prior_s
 from .._errors import TaskMemoryError, WorkerCrashedError
 from . import _autotune_guard as _guard
-from . import _lanes, _screening
+from . import _identical, _lanes, _screening
 from ._async import TritonCompileExecutor
 from ._costs import block_sizes
 from ._errors import KernelTransferError
@@ -99,6 +99,13 @@ workers still starting or importing the kernel's module — from ever being slow
 Triton, at one cost: a config compiled here is not isolated, so a compile that crashes takes this
 process down (as in stock Triton). ``False``: every config compiles in the executor (no lanes
 either)."""
+
+MERGES_IDENTICAL = True
+"""Whether a tune times once the configs whose compiled kernels are identical (the same binary
+and launch: ``_identical.identity``), giving the others that timing. Timing each again only
+adds noise to Triton's ``min`` among equal kernels, costs a full ``do_bench`` each, and, with
+screening, lets copies of one kernel fill the finalists (docs/triton.md, "Identical kernels").
+``False``: every config is timed, as in stock Triton."""
 
 _LAUNCH_ONLY = ("grid", "warmup")
 """Keyword arguments of ``Autotuner.run`` that belong to the launch, not to the kernel."""
@@ -266,6 +273,9 @@ class _Entry:
     screen, when a full timing replaced it (``Tune._screen``)."""
     short: bool = False
     """Its timing is a screen (the short budget), not Triton's full one (``Tune._screen``)."""
+    same: _Entry | None = None
+    """The config of this tune whose compiled kernel is identical to its own and that was timed
+    for both (docs/triton.md, "Identical kernels"); this one is never timed itself."""
     here: bool = False
     """Its compile was taken back from the executor's queue before any worker started it, and
     compiled in this process by Triton's own launch (``Tune._steal``). A compile moved to a
@@ -312,6 +322,7 @@ class Tune:
         "_entries",
         "_executor",
         "_feeder",
+        "_kinds",
         "_kwargs",
         "_logged",
         "_screened",
@@ -340,6 +351,10 @@ class Tune:
         self._adapter: TritonCompileExecutor | None = None
         self._feeder: _lanes.Feeder | None = None
         self._entries: dict[Any, _Entry] = {}
+        # identity → the config timed for it; None: nothing of this tune is merged
+        self._kinds: dict[Any, _Entry] | None = (
+            {} if MERGES_IDENTICAL and _identical.mergeable(autotuner) else None
+        )
         self._logged: set[int] | None = None
         self._stock = False  # the guard saw a miss: the rest of the tune is stock Triton's
 
@@ -363,7 +378,10 @@ class Tune:
         entry = self._entries.get(config)
         if entry is None:  # not among the submitted configs: Triton compiles it itself
             return bench(config)
-        if not entry.measured:  # the loop above stopped at an error; go on in Triton's order
+        same = entry.same
+        if same is not None and same.measured and not (same.short and not self._screened):
+            entry = same  # an identical kernel's timing, or what its launch raised
+        elif not entry.measured:  # the loop above stopped at an error; go on in Triton's order
             return self._measure(entry, bench)
         if isinstance(entry.outcome, BaseException):
             raise entry.outcome.with_traceback(None)
@@ -430,7 +448,8 @@ class Tune:
         without, re-measure the leaders timed while compiles still ran, if they are within noise
         of each other (:meth:`_confirm`). Stop at the first exception (Triton's loop re-raises it
         on that config's turn)."""
-        entries = list(self._entries.values())
+        order = {id(config): i for i, config in enumerate(self.configs or [])}
+        entries = sorted(self._entries.values(), key=lambda e: order.get(id(e.config), 0))
         by_future: dict[Future[Any], list[_Entry]] = {}
         for entry in entries:
             if entry.future is not None:
@@ -439,7 +458,13 @@ class Tune:
         waiting = set(by_future)
 
         def record(entry: _Entry) -> bool:
-            return self._timed(entry, bench, screen)
+            if self._merged(entry):
+                return True  # an identical kernel is timed for it
+            if not self._timed(entry, bench, screen):
+                return False
+            if entry.here:  # compiled by its launch: its kernel is known only now
+                self._merged(entry)
+            return True
 
         for entry in ready:
             if not record(entry):
@@ -448,7 +473,11 @@ class Tune:
         while waiting:
             if feeder is not None:
                 feeder.fill()  # while no worker compiles for the tune: lanes compile beside us
-            landed = [f for f in waiting if f.done()]
+            # In Triton's order: of identical kernels landing together, the first config is timed.
+            landed = sorted(
+                (f for f in waiting if f.done()),
+                key=lambda f: order.get(id(by_future[f][0].config), 0),
+            )
             if not landed:
                 stolen = None
                 if STEALS and (feeder is None or not feeder.in_flight):
@@ -468,6 +497,31 @@ class Tune:
             self._screen(bench, screen)
         else:
             self._confirm(bench)
+
+    def _merged(self, entry: _Entry) -> bool:
+        """Whether ``entry``'s compiled kernel is identical to one already timed for this tune
+        (``_identical.identity``): then it takes that config's timing (``entry.same``) and is
+        not launched. Otherwise, if its kernel is known, it becomes the config timed for every
+        later one identical to it. A failed compile, a config with hooks, and every config of a
+        kernel with its own ``do_bench=`` or hooks are never merged (docs/triton.md, "Identical
+        kernels")."""
+        kinds = self._kinds
+        if (
+            kinds is None
+            or entry.same is not None
+            or entry.compiled.error is not None
+            or not _identical.config_mergeable(entry.config)
+        ):
+            return False
+        kernel = _landed_kernel(entry)
+        identity = None if kernel is None else _identical.identity(kernel, entry.config.kwargs)
+        if identity is None:
+            return False
+        first = kinds.setdefault(identity, entry)
+        if first is entry:
+            return False
+        entry.same = first
+        return True
 
     def _feeder_for(self, by_future: dict[Future[Any], list[_Entry]]) -> _lanes.Feeder | None:
         """A feeder that moves this tune's queued compiles to the caller lanes (``_lanes.py``),
@@ -541,7 +595,9 @@ class Tune:
         timed = [
             (first, entry)
             for entry in self._entries.values()
-            if entry.measured and (first := _first_timing(entry.outcome)) is not None
+            if entry.measured
+            and entry.same is None
+            and (first := _first_timing(entry.outcome)) is not None
         ]
         if not timed:
             return
@@ -567,8 +623,12 @@ class Tune:
 
         def screens() -> dict[_Entry, _screening.Screen]:
             found = {}
-            for entry in self._entries.values():
-                if entry.measured and not isinstance(entry.outcome, BaseException):
+            for entry in self._entries.values():  # one per distinct kernel: not entry.same
+                if (
+                    entry.measured
+                    and entry.same is None
+                    and not isinstance(entry.outcome, BaseException)
+                ):
                     one = _screening.Screen.of(entry.outcome, quiet=entry.quiet)
                     if one is not None:
                         found[entry] = one
@@ -746,6 +806,14 @@ class Tune:
     def _account(self) -> None:
         """Add where this tune's configs compiled to the kernel's record."""
         counts = {"tunes": 1, "workers": 0, "lanes": 0, "caller": 0, "failed": 0, "cached": 0}
+        counts["identical"] = sum(entry.same is not None for entry in self._entries.values())
+        if self._kinds is not None:
+            logger.debug(
+                "%s: %d of %d configs took the timing of another config's identical kernel",
+                _name(self.autotuner),
+                counts["identical"],
+                len(self._entries),
+            )
         for entry in self._entries.values():
             future = entry.future
             if entry.compiled.error is not None or entry.here or entry.missed:
@@ -786,6 +854,20 @@ class Tune:
             current = entry.cache.get(entry.key)
             if isinstance(current, FutureKernel | _FailedCompile):
                 del entry.cache[entry.key]
+
+
+def _landed_kernel(entry: _Entry) -> Any:
+    """``entry``'s compiled kernel if it is in this process (finalized into the JIT's cache, as
+    Triton's launch would), else ``None``: still compiling, failed, or compiled by a launch not
+    yet made."""
+    if entry.here:
+        return entry.cache.get(entry.key) if entry.cache is not None else None
+    future = entry.future
+    if future is None:
+        return entry.compiled.kernel  # in memory already (or None: nothing compiled)
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return None
+    return entry.compiled.kernel.result()
 
 
 def _first_timing(outcome: Any) -> float | None:
