@@ -176,9 +176,7 @@ def test_a_tune_times_each_distinct_kernel_once_and_chooses_as_stock_triton(
     stock_kernel[(4,)](*_args())  # no use(): stock Triton, every config timed
     assert len(stock.calls) == len(configs)
     # Of equal timings Triton's min picks the first config in its order: num_stages=1.
-    assert configs.index(kernel.best_config) == stock_kernel.configs.index(
-        stock_kernel.best_config
-    )
+    assert configs.index(kernel.best_config) == stock_kernel.configs.index(stock_kernel.best_config)
     assert kernel.best_config.num_warps == 8 and kernel.best_config.num_stages == 1
 
 

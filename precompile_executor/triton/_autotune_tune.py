@@ -16,6 +16,8 @@
                                                   CompileJob.reroute()d to caller lanes: threads
                                                   here that compile while this thread benchmarks
                       as each lands ─────────── FutureKernel.result(): into the JIT's cache
+                        identical to one timed? ─ _merged(): the same binary and launch
+                          yes: not launched       (_identical.py): takes that one's timing
                         original _bench(config)   do_bench, hooks, launches: Triton's own
                       none landed, none running ─ _steal() (no lanes, or none free): cancel()
                         nor in a lane             the shortest queued one; original
@@ -24,9 +26,11 @@
                         CONFIRM_MARGIN, again       compiles still ran
                       screening=True: each config _screen(): a short do_bench budget as they
                         screened, the finalists     land, then Triton's full budget for the
-                        timed in full               leaders (_screening.py's rules)
+                        timed in full               leaders (_screening.py's rules), over
+                                                    distinct kernels only
           → its timing
-        _bench(config=pruned[i])             → the timing measured above
+        _bench(config=pruned[i])             → the timing measured above (an identical
+                                                kernel's, for a config merged into it)
       self.fn.run(best config)                Triton's own launch
     close(): cancel what is still queued; drop our entries from the JIT's memory
 
