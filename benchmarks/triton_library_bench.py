@@ -811,7 +811,15 @@ def where_compiled(
         for kernel, runs in per_kernel_counts.items():
             cells = [
                 _fmt(_median([float(c.get(field, 0)) for c in runs]), 0)
-                for field in ("tunes", "workers", "lanes", "caller", "failed", "stock_tunes")
+                for field in (
+                    "tunes",
+                    "workers",
+                    "lanes",
+                    "caller",
+                    "failed",
+                    "identical",
+                    "stock_tunes",
+                )
             ]
             stock = sum(1 for c in runs if c.get("stock_reason"))
             lines = f"| `{kernel.rsplit('.', 1)[-1]}` | {mode} | " + " | ".join(cells)
@@ -821,12 +829,13 @@ def where_compiled(
     return [
         "",
         "Where each config compiled (`autotune.statistics()`, median over runs): in workers, in "
-        "this process's caller lanes, on the tune's own thread, failed; tunes handed to stock "
-        "Triton; runs whose kernel the guard sent to stock (one WARNING each).",
+        "this process's caller lanes, on the tune's own thread, failed; configs that took an "
+        "identical kernel's timing; tunes handed to stock Triton; runs whose kernel the guard "
+        "sent to stock (one WARNING each).",
         "",
-        "| kernel | mode | tunes | workers | lanes | tune's thread | failed | stock tunes "
-        "| sent to stock |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| kernel | mode | tunes | workers | lanes | tune's thread | failed | identical "
+        "| stock tunes | sent to stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ]
 
