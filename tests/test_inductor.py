@@ -34,6 +34,7 @@ from precompile_executor import (
 torch = pytest.importorskip("torch")
 
 import precompile_executor.inductor as inductor  # noqa: E402
+from precompile_executor._policy import AHEAD_BATCH_S  # noqa: E402
 from precompile_executor.inductor import _seam  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -456,6 +457,8 @@ def _wait_for_file(path: str) -> None:
     import os
     import time
 
+    with open(f"{path}.started", "a"):  # the test may wait for this task to have begun
+        pass
     deadline = time.monotonic() + GATE_WAIT_S
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -480,6 +483,11 @@ def test_inductors_compiles_start_in_the_order_inductor_submitted_them(
         first = pool.submit(_wait_for_file, str(first_gate))  # runs at once: nothing known
         early = [pool.submit(_wait_for_file, str(open_gate))]  # runs next, held open
         early += [pool.submit(_wait_for_file, str(always)) for _ in range(2)]
+        # The first task's duration is what every later one is predicted to take: held well
+        # past AHEAD_BATCH_S after it began, so no two wait ahead of the held task together
+        # (docs/design.md, "Sending ahead"), however fast the machine.
+        assert crashers.wait_for_file(str(first_gate) + ".started", WAIT_S)
+        time.sleep(10 * AHEAD_BATCH_S)
         first_gate.touch()
         first.result(timeout=WAIT_S)  # a duration is known now
         late = [pool.submit(_wait_for_file, str(always)) for _ in range(2)]
