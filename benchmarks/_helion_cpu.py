@@ -13,6 +13,21 @@ from typing import Any
 from precompile_executor.helion._bench_worker import WarmUp
 
 
+def _built(provider: type, bound: Any, args: Sequence[Any], settings: Any) -> Any:
+    """``provider`` built for the bound kernel as Helion's search builds its provider."""
+    from helion.autotuner.logger import AutotuningLogger
+    from helion.autotuner.metrics import AutotuneMetrics
+
+    return provider(
+        kernel=bound,
+        settings=settings,
+        config_spec=bound.config_spec,
+        args=args,
+        log=AutotuningLogger(settings),
+        autotune_metrics=AutotuneMetrics(),
+    )
+
+
 def on_the_cpu(
     base: type,
     bound: Any,
@@ -33,8 +48,6 @@ def on_the_cpu(
     test is about that subprocess), so neither provider starts one for nothing."""
     settings.autotune_benchmark_subprocess = benchmark_subprocess
     from helion.autotuner.benchmark_provider import _clone_args
-    from helion.autotuner.logger import AutotuningLogger
-    from helion.autotuner.metrics import AutotuneMetrics
 
     class OnTheCpu(base):  # type: ignore[misc, valid-type]
         def _compute_reference_baseline(self) -> Any:
@@ -48,14 +61,7 @@ def on_the_cpu(
             self._autotune_metrics.num_configs_tested += 1
             return measure(config)
 
-    return OnTheCpu(
-        kernel=bound,
-        settings=settings,
-        config_spec=bound.config_spec,
-        args=args,
-        log=AutotuningLogger(settings),
-        autotune_metrics=AutotuneMetrics(),
-    )
+    return _built(OnTheCpu, bound, args, settings)
 
 
 def cached_kernel_args() -> int:
@@ -203,8 +209,6 @@ def measuring_provider(
     :func:`measured_on_the_cpu`, which stands in for the in-process timing."""
     settings.autotune_benchmark_subprocess = True
     from helion.autotuner.benchmark_provider import _clone_args
-    from helion.autotuner.logger import AutotuningLogger
-    from helion.autotuner.metrics import AutotuneMetrics
 
     class Measuring(base):  # type: ignore[misc, valid-type]
         def _compute_reference_baseline(self) -> Any:
@@ -239,11 +243,4 @@ def measuring_provider(
                 job, timeout=float(self.settings.autotune_benchmark_timeout)
             )
 
-    return Measuring(
-        kernel=bound,
-        settings=settings,
-        config_spec=bound.config_spec,
-        args=args,
-        log=AutotuningLogger(settings),
-        autotune_metrics=AutotuneMetrics(),
-    )
+    return _built(Measuring, bound, args, settings)
