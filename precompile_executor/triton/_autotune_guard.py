@@ -56,6 +56,12 @@ class KernelCompiles:
         identical: configs not timed because another config of the same tune compiled to an
             identical kernel (same binary and launch): they took its timing (docs/triton.md,
             "Identical kernels"). Counted in the fields above too, by where they compiled.
+        screened: with screening (docs/triton.md, "Screening"), distinct kernels timed with the
+            short budget.
+        rescreened: of those, screened a second time, quietly, because compiles still ran during
+            their first screen.
+        timed_in_full: distinct kernels of screened tunes timed with Triton's full budget (the
+            finalists and challengers).
         stock_tunes: tunes handed to stock Triton whole, after :attr:`stock_reason`.
         stock_reason: why this kernel's tunes go to stock Triton (the WARNING's text), else
             ``None``.
@@ -69,6 +75,9 @@ class KernelCompiles:
     failed: int = 0
     cached: int = 0
     identical: int = 0
+    screened: int = 0
+    rescreened: int = 0
+    timed_in_full: int = 0
     stock_tunes: int = 0
     stock_reason: str | None = None
 

@@ -329,6 +329,7 @@ class Tune:
         "_kinds",
         "_kwargs",
         "_logged",
+        "_rungs",
         "_screened",
         "_screening",
         "_stock",
@@ -349,6 +350,8 @@ class Tune:
         self.configs: list[Any] | None = None
         self._screening = screening
         self._screened = False  # screening ran to its end: the screens left stand as timings
+        # distinct kernels screened, screened again quietly, timed in full (statistics())
+        self._rungs = {"screened": 0, "rescreened": 0, "timed_in_full": 0}
         self._executor = executor
         self._args = args
         self._kwargs = kwargs  # the launch's, ``grid`` and ``warmup`` included
@@ -638,10 +641,12 @@ class Tune:
                         found[entry] = one
             return found
 
-        for entry in _screening.rescreen(screens(), CONFIRM_MARGIN):
+        again = _screening.rescreen(screens())
+        for entry in again:
             if not self._timed(entry, bench, screen):
                 return
         screened = screens()
+        self._rungs.update(screened=len(screened), rescreened=len(again))
         band = _screening.noise_band(screened.values())
         chosen = _screening.finalists(screened, band, _screening.most_finalists(len(screened)))
         full: dict[_Entry, float] = {}
@@ -653,6 +658,7 @@ class Tune:
                 entry.screened = first
                 timing = _first_timing(entry.outcome)
                 full[entry] = math.inf if timing is None else timing
+                self._rungs["timed_in_full"] = len(full)
             chosen = _screening.challengers(screened, full)
         self._screened = True
         logger.debug(
@@ -834,7 +840,7 @@ class Tune:
                 counts["lanes"] += 1
             else:
                 counts["workers"] += 1
-        _guard.count(self.autotuner, **counts)
+        _guard.count(self.autotuner, **counts, **self._rungs)
 
     def close(self, *, failed: bool) -> None:
         """Cancel compiles still queued (and, after an error or Ctrl-C, kill running ones);

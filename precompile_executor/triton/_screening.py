@@ -7,9 +7,8 @@ which configs go on::
 
     rung 0  every config, as its compile lands       do_bench(warmup=SCREEN_WARMUP_MS,
                                                               rep=SCREEN_REP_MS)
-            loud contenders (screened while compiles   the same short budget, quiet
-            still ran, within the load margin of the   (:func:`rescreen`)
-            best) screened again
+            every loud screen (taken while compiles    the same short budget, quiet
+            still ran) screened again                  (:func:`rescreen`)
     rung 1  the finalists: within the noise band of    Triton's own do_bench, its full budget,
             the best screen, at most                   quiet (:func:`finalists`)
             :func:`most_finalists` of them
@@ -117,16 +116,13 @@ def noise_band(screens: Iterable[Screen]) -> float:
     return min(MAX_BAND, max(MIN_BAND, statistics.median(spreads)))
 
 
-def rescreen(screens: Mapping[K, Screen], margin: float) -> list[K]:
-    """The configs to screen again, quietly: screened while compiles still ran, and within
-    ``margin`` of the best screen (load only adds time, by at most ``margin``:
-    ``_autotune_tune.CONFIRM_MARGIN``, so a loud screen further above cannot be a leader).
-    Best first."""
-    if not screens:
-        return []
-    best = min(s.median for s in screens.values())
-    loud = [k for k, s in screens.items() if not s.quiet and s.median <= best * (1 + margin)]
-    return sorted(loud, key=lambda k: screens[k].median)
+def rescreen(screens: Mapping[K, Screen]) -> list[K]:
+    """The configs to screen again, quietly, once the last compile has landed: every one screened
+    while compiles still ran, best first. Load only adds time, but by no known bound on a short
+    timing: a compile on a thread of this process holds the GIL for tens of ms at a time, and a
+    stall within Triton's five-launch estimate leaves the screen a handful of repetitions
+    (docs/triton.md, "Screening"). So a loud screen ranks nothing; its quiet one does."""
+    return sorted((k for k, s in screens.items() if not s.quiet), key=lambda k: screens[k].median)
 
 
 def pays(configs: int) -> bool:
