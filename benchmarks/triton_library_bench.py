@@ -818,6 +818,9 @@ def where_compiled(
                     "caller",
                     "failed",
                     "identical",
+                    "screened",
+                    "rescreened",
+                    "timed_in_full",
                     "stock_tunes",
                 )
             ]
@@ -830,12 +833,13 @@ def where_compiled(
         "",
         "Where each config compiled (`autotune.statistics()`, median over runs): in workers, in "
         "this process's caller lanes, on the tune's own thread, failed; configs that took an "
-        "identical kernel's timing; tunes handed to stock Triton; runs whose kernel the guard "
-        "sent to stock (one WARNING each).",
+        "identical kernel's timing; with screening, distinct kernels screened, screened again "
+        "quietly, timed in full; tunes handed to stock Triton; runs whose kernel the guard sent "
+        "to stock (one WARNING each).",
         "",
         "| kernel | mode | tunes | workers | lanes | tune's thread | failed | identical "
-        "| stock tunes | sent to stock |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| screened | again | in full | stock tunes | sent to stock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ]
 
