@@ -5,7 +5,9 @@ Every compile is real (Triton for sm_90, no GPU needed). Without a GPU, the auto
 never run. Everything up to the launch is Triton's own — binding, specialisation, the JIT's
 caches, loading checks (its shared-memory limit is sm_90's, so Triton raises a real
 ``OutOfResources``) — and each test's ``do_bench=`` (public API) launches once through it and
-returns a timing chosen by the test, so the winner is known. The caller's cache is a fresh
+returns a timing chosen by the test, so the winner is known; a kernel's own ``do_bench=`` is
+never screened, so every config is timed with it as stock would (docs/triton.md, "Screening";
+screening itself: ``tests/test_triton_screening.py``). The caller's cache is a fresh
 directory per test and every in-process compile is recorded, so "found in the caller's cache"
 can only pass if the workers' files were installed under the keys this process's launches use.
 """

@@ -180,7 +180,7 @@ def test_with_every_compile_landed_before_benchmarking_each_config_is_timed_once
     # the same kernel, on a new device (empty in-memory caches), finds each compile there as it
     # submits it: every compile has landed before the first benchmark. Two leaders lie within
     # CONFIRM_MARGIN of each other, so only a wrong "timed while compiles ran" would time them
-    # again.
+    # again. Unscreened: the confirmation step is what is tested.
     times = {k: 2.0 + i for i, k in enumerate(sorted(_times((128, 4), 0)))}
     times[(128, 4)], times[(64, 2)] = 1.0, 1.05
     first = ScriptedBenchmarker(new_gpu(), times, executor=executor)
@@ -189,7 +189,7 @@ def test_with_every_compile_landed_before_benchmarking_each_config_is_timed_once
     again = ScriptedBenchmarker(new_gpu(), times, executor=executor)
     kernel = _autotune(again.gpu, again)
     before = executor.statistics().completed
-    with pe_autotune.use(executor):
+    with pe_autotune.use(executor, screening=False):
         kernel[GRID](*_args())
     assert executor.statistics().completed == before  # nothing compiled: all in the cache
     assert sorted(k for k, _, _ in again.calls) == sorted(times)  # each config timed once
@@ -380,8 +380,28 @@ def test_after_a_state_reset_a_kernel_not_screened_says_so_again(
     assert len(said) == 2
 
 
-@pytest.mark.timeout(60)
-def test_screening_is_off_unless_asked_and_must_be_a_bool(
+@pytest.mark.timeout(120)
+def test_a_plain_use_block_screens_and_screening_false_times_every_config_in_full(
+    executor: PrecompileExecutor, new_gpu: Callable[[], DryRunGPU]
+) -> None:
+    times = _times((256, 4), 3)
+    screened = ScriptedBenchmarker(new_gpu(), times)
+    with pe_autotune.use(executor):
+        _autotune(screened.gpu, screened)[GRID](*_args())
+    unscreened = ScriptedBenchmarker(new_gpu(), times)
+    with pe_autotune.use(executor, screening=False):
+        _autotune(unscreened.gpu, unscreened)[GRID](*_args())
+    # The default: every config screened with the short budget, only some timed in full.
+    assert {rep for _, rep, _ in screened.calls} == {_screening.SCREEN_REP_MS, FULL_REP_MS}
+    assert {k for k, rep, _ in screened.calls if rep == _screening.SCREEN_REP_MS} == set(times)
+    assert 1 <= len({k for k, rep, _ in screened.calls if rep == FULL_REP_MS}) < len(CONFIGS)
+    # The opt-out: every config timed with Triton's full budget, none with a short one.
+    assert {rep for _, rep, _ in unscreened.calls} == {FULL_REP_MS}
+    assert {k for k, _, _ in unscreened.calls} == set(times)
+
+
+@pytest.mark.timeout(120)
+def test_screening_is_on_unless_turned_off_and_must_be_a_bool(
     executor: PrecompileExecutor, new_gpu: Callable[[], DryRunGPU]
 ) -> None:
     with pytest.raises(TypeError, match="screening must be True or False"):
@@ -390,15 +410,15 @@ def test_screening_is_off_unless_asked_and_must_be_a_bool(
     with pytest.raises(TypeError, match="screening must be True or False"):
         pe_autotune.install(executor, screening=1)  # type: ignore[arg-type]
     assert not pe_autotune.installed()
-    # install(screening=True) carries it to every thread's tunes; a use() block inside, without
-    # it, wins for what runs in it.
-    times = _times((512, 8), 2)
-    pe_autotune.install(executor, screening=True)
+    # install() screens every thread's tunes by default; a use(screening=False) block inside
+    # wins for what runs in it.
+    times = _times((512, 4), 2)
+    pe_autotune.install(executor)
     try:
         screened = ScriptedBenchmarker(new_gpu(), times)
         _autotune(screened.gpu, screened)[GRID](*_args())
         plain = ScriptedBenchmarker(new_gpu(), times)
-        with pe_autotune.use(executor):
+        with pe_autotune.use(executor, screening=False):
             _autotune(plain.gpu, plain)[GRID](*_args())
     finally:
         pe_autotune.uninstall()

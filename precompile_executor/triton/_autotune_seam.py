@@ -208,7 +208,7 @@ def patched_run(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def use(executor: Executor | None = None, *, screening: bool = False) -> Iterator[None]:
+def use(executor: Executor | None = None, *, screening: bool = True) -> Iterator[None]:
     """While the block is open, ``@triton.autotune`` kernels compile their configs in ``executor``.
 
     The block is open for the whole process: an autotune that starts, on a tuning key its
@@ -228,8 +228,9 @@ def use(executor: Executor | None = None, *, screening: bool = False) -> Iterato
             timeout bounds each compile (``PrecompileExecutor(timeout=...)``).
         screening: time every config with a short ``do_bench`` budget first and give Triton's
             full budget only to the leaders within noise of the best, on a quiet GPU
-            (successive halving: ``docs/triton.md``, "Screening"). Off by default; a kernel
-            with its own ``do_bench=`` is always timed as given.
+            (successive halving: ``docs/triton.md``, "Screening"). On by default;
+            ``screening=False`` gives every config Triton's full budget, as stock does. A
+            kernel with its own ``do_bench=`` is always timed as given.
 
     Raises:
         UnsupportedTritonError: the installed Triton is not 3.6 or 3.9 or its autotuner differs;
@@ -246,7 +247,7 @@ def use(executor: Executor | None = None, *, screening: bool = False) -> Iterato
         STATE.scope.exit(block)
 
 
-def install(executor: Executor | None = None, *, screening: bool = False) -> None:
+def install(executor: Executor | None = None, *, screening: bool = True) -> None:
     """Make ``@triton.autotune`` kernels compile their configs in ``executor``, process-wide.
 
     Every thread's autotunes use it while no ``use()`` block is open; an open block takes

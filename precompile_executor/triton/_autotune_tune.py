@@ -22,12 +22,15 @@
                       none landed, none running ─ _steal() (no lanes, or none free): cancel()
                         nor in a lane             the shortest queued one; original
                                                   _bench(config): Triton's launch compiles it here
-                      all landed: leaders within  _confirm(): timed again if screened while
-                        CONFIRM_MARGIN, again       compiles still ran
-                      screening=True: each config _screen(): a short do_bench budget as they
-                        screened, the finalists     land, then Triton's full budget for the
-                        timed in full               leaders (_screening.py's rules), over
+                      screening (the default):    _screen(): a short do_bench budget as they
+                        each config screened, the   land, then Triton's full budget for the
+                        finalists timed in full     leaders (_screening.py's rules), over
                                                     distinct kernels only
+                      not screened (screening=    _confirm(): timed again if timed while
+                        False, an own do_bench=,    compiles still ran
+                        ≤ 3 configs): all landed,
+                        leaders within
+                        CONFIRM_MARGIN, again
           → its timing
         _bench(config=pruned[i])             → the timing measured above (an identical
                                                 kernel's, for a config merged into it)
@@ -179,7 +182,7 @@ def run(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     *,
-    screening: bool = False,
+    screening: bool,
 ) -> Any:
     """``Autotuner.run`` with a :class:`Tune` recorded for the duration of the call.
 
@@ -188,9 +191,10 @@ def run(
         executor: where to compile (``None``: the shared default executor).
         args: the launch's positional arguments.
         kwargs: its keyword arguments (``grid``, ``warmup`` included).
-        screening: screen the configs with a short budget and time only the leaders with
-            Triton's full one (docs/triton.md, "Screening"); ignored for a kernel with its own
-            ``do_bench=``.
+        screening: the block's option (``use()``'s default: on): screen the configs with a
+            short budget and time only the leaders with Triton's full one (docs/triton.md,
+            "Screening"); ``False`` gives every config the full budget. Ignored for a kernel
+            with its own ``do_bench=``.
     """
     original = STATE.originals["run"]
     if _async_compile.active_mode.get() is not None:
@@ -344,7 +348,7 @@ class Tune:
         args: Sequence[Any],
         kwargs: dict[str, Any],
         *,
-        screening: bool = False,
+        screening: bool,
     ) -> None:
         self.autotuner = autotuner
         self.configs: list[Any] | None = None

@@ -1,7 +1,7 @@
 """Screening ``@triton.autotune`` configs by successive halving: the decisions, as pure functions.
 
-With ``use(screening=True)`` / ``install(screening=True)`` a tune times its configs in rungs of
-growing budget instead of giving every config Triton's full ``do_bench`` budget
+Under ``use()`` / ``install()`` (unless given ``screening=False``) a tune times its configs in
+rungs of growing budget instead of giving every config Triton's full ``do_bench`` budget
 (docs/triton.md, "Screening"); ``_autotune_tune.Tune`` runs the timings, this module decides
 which configs go on::
 

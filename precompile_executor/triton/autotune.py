@@ -27,12 +27,13 @@ process — on a few caller lanes (threads) beside the tune's thread, which benc
 land, else on the tune's thread one at a time, as stock Triton would — so a cold start is never
 slower than stock. Leaders within noise of each other that were timed while compiles still ran are
 timed again on the quiet machine, and those timings decide (``docs/triton.md``, "Timing
-integrity"). ``use(screening=True)`` / ``install(screening=True)`` (off by default) time every
-config with a short ``do_bench`` budget and only the leaders within noise of the best with Triton's
-full one, on a quiet GPU (``docs/triton.md``, "Screening"). Configs whose compiled kernels are
-identical (``num_stages`` of a kernel without pipelined loops) are timed once and share the timing
-(``docs/triton.md``, "Identical kernels"). Everything else is Triton's own:
-pruning, ``do_bench`` (a ``do_bench=`` of yours too), the hooks, ``reset_to_zero`` /
+integrity"). By default every config is timed with a short ``do_bench`` budget and only the
+leaders within noise of the best with Triton's full one, on a quiet GPU (``docs/triton.md``,
+"Screening"); ``use(screening=False)`` / ``install(screening=False)`` times every config with the
+full budget, as stock does. Configs whose compiled kernels are identical (``num_stages`` of a
+kernel without pipelined loops) are timed once and share the timing (``docs/triton.md``,
+"Identical kernels"). Everything else is Triton's own: pruning, ``do_bench`` (a ``do_bench=`` of
+yours too, never screened), the hooks, ``reset_to_zero`` /
 ``restore_value``, ``cache_results`` (a disk hit compiles nothing), ``knobs.autotuning.listener``,
 ``bench_time``, ``configs_timings``, ``best_config``. No worker touches the GPU.
 
