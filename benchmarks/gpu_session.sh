@@ -13,7 +13,7 @@
 #   bash benchmarks/gpu_session.sh autotune  # @triton.autotune: its tests, then stock vs ours
 #   bash benchmarks/gpu_session.sh limits    # the memory-limit tests on torch+triton workers
 #   bash benchmarks/gpu_session.sh libraries # real Triton libraries' first training step: stock vs ours
-#   bash benchmarks/gpu_session.sh halving   # use(screening=True) on six small ops, fwd + bwd, vs stock
+#   bash benchmarks/gpu_session.sh halving   # use() (screening) on six small ops, fwd + bwd, vs stock
 #   bash benchmarks/gpu_session.sh tma       # a TMA-descriptor GEMM-with-epilogue layer (3 kernels whose
 #     configs' pre_hooks set the descriptors), first training step: stock vs use() vs install()
 #   bash benchmarks/gpu_session.sh inductor  # cold-cache torch.compile, stock vs use()
@@ -148,19 +148,19 @@ case "${1:-tests}" in
       ${LIBRARIES:+--libraries $LIBRARIES} ${LIBRARY_MODES:+--modes $LIBRARY_MODES} \
       2>&1 | tee "$OUT/library-bench.log" | tail -80 ;;
   halving)
-    # Screening (use(screening=True), docs/triton.md "Screening") on the six small ops of
-    # precompile_executor/examples/library_kernels.py, forward and backward: stock vs screen, each
+    # Screening (use()'s default, docs/triton.md "Screening") on the six small ops of
+    # precompile_executor/examples/library_kernels.py, forward and backward: stock vs use(), each
     # run a fresh process with a cold Triton cache, HALVING_ROUNDS (3) interleaved rounds, no run
     # started past HALVING_DEADLINE s (370), then the chosen-kernel check (HALVING_ALTERNATIONS,
     # 5). HALVING_OPS ("small" = rmsnorm,layernorm,softmax,scan,swiglu,dyt), HALVING_MODES
-    # ("stock,screen"; add "use" for the unscreened form). Each run's row goes to
+    # ("stock,use"; add "unscreened" for use(screening=False)). Each run's row goes to
     # $OUT/halving-runs.jsonl as it ends, the report to $OUT/halving-bench.md after each run.
     # HALVING_DRY=1: the same on a CPU (a stand-in sm_90 GPU, made-up times: a smoke run).
     # HALVING_CONTINUE=FILE.jsonl: an earlier call's halving-runs.jsonl (carried in the tree); its
     # runs join this call's report, so rounds can be spread over calls.
     [ -n "${HALVING_CONTINUE:-}" ] && cp "$HALVING_CONTINUE" "$OUT/halving-runs.jsonl"
     timeout "${HALVING_TIMEOUT:-500}" python3 -m benchmarks.triton_library_bench ${HALVING_DRY:+--dry-run} \
-      --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,screen}" \
+      --libraries "${HALVING_OPS:-small}" --modes "${HALVING_MODES:-stock,use}" \
       --rounds "${HALVING_ROUNDS:-3}" --alternations "${HALVING_ALTERNATIONS:-5}" \
       --deadline "${HALVING_DEADLINE:-370}" --timeout 150 --out "$OUT/halving-bench.md" \
       --results "$OUT/halving-runs.jsonl" 2>&1 | tee "$OUT/halving-bench.log" | tail -80 ;;

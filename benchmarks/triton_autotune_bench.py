@@ -20,6 +20,9 @@ process's wall time (interpreter, imports, inputs) is reported beside it. Modes:
 * ``threads`` (matmul) — their opt-in overlap: the compiles in the same 16 threads, each config
   benchmarked as it lands (our overlap, with threads as the executor).
 
+No mode screens (docs/triton.md, "Screening"): the counter of ``do_bench`` calls below is the
+autotuner's own ``do_bench=``, which is always timed as given, every config with the full budget.
+
 Kernels (``precompile_executor.examples.autotune_kernels``): a 64-config matmul 4096³ fp16, a row
 softmax, a layer norm forward, a fused attention forward and a cross-entropy forward. For each:
 first-call time and ratio to stock, the best config of each mode (and stock's time for ours),

@@ -11,12 +11,12 @@ builds the layer's inputs and runs its first training step — forward, then bac
 
 * ``stock`` — Triton's autotuner as it is;
 * ``use`` — ``with precompile_executor.triton.autotune.use():`` around the step (the default
-  executor starts, warm, as the block opens);
+  executor starts, warm, as the block opens; screening, the default: every config timed with a
+  short ``do_bench`` budget, the leaders with Triton's full one, docs/triton.md, "Screening");
 * ``install`` — ``autotune.install()`` as the process's first statement, before ``import torch``
-  and the library (the default executor warms while the program imports);
-* ``screen`` — ``use(screening=True)``: every config timed with a short ``do_bench`` budget,
-  the leaders with Triton's full one (docs/triton.md, "Screening"); only when asked
-  (``--modes stock,screen``).
+  and the library (the default executor warms while the program imports; screening too);
+* ``unscreened`` — ``use(screening=False)``: every config timed with Triton's full budget, as
+  stock does; only when asked (``--modes stock,use,unscreened``).
 
 The rounds interleave the modes (round 1: every library × mode, then round 2, …); medians are
 reported. For each run: the whole process's wall time (from the parent), the first forward, the
@@ -103,9 +103,10 @@ LIBRARIES = ("fla", "liger-dyt", "liger-moe", "tma-gemm", *SMALL)
 DEFAULT_LIBRARIES = ("fla", "liger-dyt")
 """``liger-moe`` tunes about 200 GEMM configs (est. 1.5 min of stock time on an H200): run it
 when the device time is there (``--libraries liger-moe``)."""
-MODES = ("stock", "use", "install", "screen")
+MODES = ("stock", "use", "install", "unscreened")
 DEFAULT_MODES = ("stock", "use", "install")
-"""``screen`` (opt-in screening) runs only when asked: ``--modes stock,screen``."""
+"""``unscreened`` (the opt-out, ``use(screening=False)``) runs only when asked:
+``--modes stock,use,unscreened``."""
 ROUNDS = 3
 ALTERNATIONS = 10
 RUN_TIMEOUT_S = 300.0
@@ -493,10 +494,10 @@ def child(library: str, mode: str, out: Path) -> None:
     _synchronize()
     ready_s = time.perf_counter() - origin
     block: Any = contextlib.nullcontext()
-    if mode in ("use", "screen"):
+    if mode in ("use", "unscreened"):
         from precompile_executor.triton import autotune as pe_autotune
 
-        block = pe_autotune.use(screening=mode == "screen")
+        block = pe_autotune.use() if mode == "use" else pe_autotune.use(screening=False)
     start = time.perf_counter()
     with block:
         output = forward()
@@ -1024,7 +1025,7 @@ WORSE_BY = 0.01
 """A run's choice counts as worse than stock's when stock's ``do_bench`` times it over this much
 slower than stock's own choice (both re-timed, alternating, in one quiet process)."""
 SMALL_TARGET = 1.5
-"""The whole process of each small op's first step, stock's time over ``screen``'s."""
+"""The whole process of each small op's first step, stock's time over each other mode's."""
 
 
 def worse_runs(row: dict[str, Any]) -> dict[str, int]:
@@ -1048,7 +1049,7 @@ def acceptance(
     lines = []
     for lib in SMALL:
         stock = _median([r["process_s"] for r in results.get((lib, "stock"), []) if "step_s" in r])
-        for mode in ("use", "install", "screen"):
+        for mode in ("use", "install", "unscreened"):
             runs = [r for r in results.get((lib, mode), []) if "step_s" in r]
             if not runs or stock is None:
                 continue

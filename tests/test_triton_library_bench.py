@@ -201,7 +201,8 @@ def test_the_small_ops_are_the_examples_ops() -> None:
     assert bench.SMALL == library_kernels.OPS == tuple(library_kernels.KERNELS)
     for forward, backward in library_kernels.KERNELS.values():
         assert len(forward.configs) >= 18 and len(backward.configs) >= 18
-    assert "screen" not in bench.DEFAULT_MODES  # opt-in, as screening itself
+    # use() and install() screen by default; the opt-out is a mode of its own, run when asked.
+    assert "use" in bench.DEFAULT_MODES and "unscreened" not in bench.DEFAULT_MODES
 
 
 _INTERPRETED_OPS = """
@@ -270,21 +271,21 @@ def test_worse_choices_are_counted_per_run_against_stocks_choice() -> None:
     row = {
         "kernel": "m.scan_fwd_kernel",
         "key": "(8192, 4096)",
-        "ms": {"stock": 1.0, "screen": 1.005},
-        "rounds_ms": {"stock": [1.0, 1.02, 1.0], "screen": [1.005, 1.0, 1.03]},
+        "ms": {"stock": 1.0, "use": 1.005},
+        "rounds_ms": {"stock": [1.0, 1.02, 1.0], "use": [1.005, 1.0, 1.03]},
     }
-    assert bench.worse_runs(row) == {"stock": 1, "screen": 1}
+    assert bench.worse_runs(row) == {"stock": 1, "use": 1}
     run = {"forward_s": 1.0, "tune_s": 1.0, "floor_s": 0.5, "tunes": [], "executor": {}}
     results = {
         ("scan", "stock"): [{**run, "step_s": 9.0, "process_s": 12.0}] * 3,
-        ("scan", "screen"): [{**run, "step_s": 3.0, "process_s": 7.0}] * 3,
+        ("scan", "use"): [{**run, "step_s": 3.0, "process_s": 7.0}] * 3,
     }
     checks = {"scan": {"keys": 2, "matched": 2, "checks": [row]}}
     (line,) = bench.acceptance(results, checks)
-    assert line.startswith("MISSED: scan screen") and "1.71×" in line and "1 runs" in line
-    row["rounds_ms"]["screen"] = [1.005] * 3
+    assert line.startswith("MISSED: scan use") and "1.71×" in line and "1 runs" in line
+    row["rounds_ms"]["use"] = [1.005] * 3
     (line,) = bench.acceptance(results, checks)
-    assert line.startswith("MET: scan screen")
+    assert line.startswith("MET: scan use")
     text = bench.report(results, checks, "machine")
     assert "## Acceptance (the small ops)" in text
     assert "| `scan_fwd_kernel` | (8192, 4096) | 1.0000 | 1.0050 | 1.00× | 1, 0 |" in text
@@ -292,8 +293,9 @@ def test_worse_choices_are_counted_per_run_against_stocks_choice() -> None:
 
 @pytest.mark.timeout(600)
 def test_the_small_ops_benchmark_runs_end_to_end_in_a_dry_run(tmp_path: Path) -> None:
-    """``--dry-run --libraries softmax --modes stock,screen``: stock and screening on a dry-run
-    sm_90 (every compile real, two configs per kernel), the check, the acceptance lines."""
+    """``--dry-run --libraries softmax --modes stock,use,unscreened``: stock, ``use()`` (screening)
+    and ``use(screening=False)`` on a dry-run sm_90 (every compile real, two configs per kernel),
+    the check, the acceptance lines."""
     out = tmp_path / "report.md"
     done = subprocess.run(
         [
@@ -304,7 +306,7 @@ def test_the_small_ops_benchmark_runs_end_to_end_in_a_dry_run(tmp_path: Path) ->
             "--libraries",
             "softmax",
             "--modes",
-            "stock,screen",
+            "stock,use,unscreened",
             "--rounds",
             "1",
             "--alternations",
@@ -320,9 +322,10 @@ def test_the_small_ops_benchmark_runs_end_to_end_in_a_dry_run(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = out.read_text()
     assert "FAILED" not in done.stdout and "failed:" not in text
-    assert "| stock |" in text and "| screen |" in text
+    assert "| stock |" in text and "| use |" in text and "| unscreened |" in text
     assert "Chosen-kernel check" in text and "not run" not in text
-    assert "## Acceptance (the small ops)" in text and ": softmax screen" in text
+    assert "## Acceptance (the small ops)" in text
+    assert ": softmax use" in text and ": softmax unscreened" in text
     assert "**DRY RUN**" in text
 
 
