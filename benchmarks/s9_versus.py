@@ -7,7 +7,9 @@ from ``git archive``, first on ``PYTHONPATH``), and
 ``ProcessPoolExecutor(mp_context=fork)``. Rounds interleave them (the order rotates each round),
 so a noisy machine slows all three alike. Each child imports torch and triton (as an autotuner's
 process has), starts the workers with an initializer that imports them too, warms them, then
-times a no-op ``map`` (µs per task), sequential ``submit().result()`` round trips (µs) and, for
+times a no-op ``map`` (µs per task), sequential ``submit().result()`` round trips (µs; then
+the median of each leg: from ``submit`` until the task runs in its worker, and from there until
+``result()`` returns) and, for
 the two library versions, the compile batch of scenario 2 on the warm workers (every worker
 compiled an unrelated kernel first), into a fresh Triton cache. The batch compiles the example
 matmul kernel of each version's own tree (``precompile_executor/examples/kernels.py``); the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -83,7 +86,7 @@ def _measure(which: str, workers: int, n_map: int, n_rt: int, cfgs: list[Any], c
     import torch  # noqa: F401 - an autotuner's process has them loaded
     import triton  # noqa: F401
 
-    from ._tasks import import_torch_triton, noop
+    from ._tasks import import_torch_triton, noop, now
 
     pool: Any
     if which == "stdlib":
@@ -110,6 +113,16 @@ def _measure(which: str, workers: int, n_map: int, n_rt: int, cfgs: list[Any], c
         for i in range(n_rt):
             pool.submit(noop, i).result(timeout=60)
         rt_s = (time.perf_counter() - start) / n_rt
+        # The two legs of a round trip: submit until the task runs in its worker, and from
+        # there until result() returns (CLOCK_MONOTONIC is one clock for every process).
+        outs, backs = [], []
+        for _ in range(max(1, n_rt // 4)):
+            sent = time.monotonic()
+            ran = pool.submit(now).result(timeout=60)
+            back = time.monotonic()
+            outs.append(ran - sent)
+            backs.append(back - ran)
+        out_s, back_s = statistics.median(outs), statistics.median(backs)
         batch_s = cubin = None
         if which != "stdlib":
             from ._kernels import compile_config, warm_compile
@@ -124,7 +137,15 @@ def _measure(which: str, workers: int, n_map: int, n_rt: int, cfgs: list[Any], c
             cubin = sum(r["cubin_bytes"] for r in results)
     finally:
         stop()
-    return {"map_s": map_s, "rt_s": rt_s, "batch_s": batch_s, "cubin": cubin, "where": where}
+    return {
+        "map_s": map_s,
+        "rt_s": rt_s,
+        "out_s": out_s,
+        "back_s": back_s,
+        "batch_s": batch_s,
+        "cubin": cubin,
+        "where": where,
+    }
 
 
 def _child(which: str, path: str | None, args: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -193,6 +214,8 @@ def run(ctx: Context) -> Section:
             "pool": name,
             "map (µs/task)": fmt_us(med(name, "map_s")),
             "round trip (µs)": fmt_us(med(name, "rt_s")),
+            "legs: to the task / back (µs)": f"{fmt_us(med(name, 'out_s'))} / "
+            f"{fmt_us(med(name, 'back_s'))}",
             "batch (s)": med(name, "batch_s"),
             "map × stdlib": vs(name, stdlib, "map_s"),
             "round trip × stdlib": vs(name, stdlib, "rt_s"),
