@@ -815,11 +815,17 @@ class Settler:
         # thread. Only the executor's own callback (no lock, nothing slow) runs here.
         with _stdlib.future_condition(future):
             late = _stdlib.user_callbacks(future)
+            waited = not late and _stdlib.has_waiters(future)
             if not late:
                 self._set(task, ok, value)
         if late:  # added between the two checks: its callback must not run on the monitor
             self._submit_job(self._set_and_finish, task, ok, value)
             return True
+        if waited:
+            # The thread just woken needs the interpreter lock, which this thread would keep
+            # through its bookkeeping to the next poll: give it up now (docs/design.md, "The
+            # monitor thread").
+            time.sleep(0)
         save = self._finished(task)
         if save:
             self._submit_job(self._save, save)

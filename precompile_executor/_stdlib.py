@@ -1,6 +1,6 @@
 """Every use of a private name of the standard library, in one place.
 
-The library relies on five things the stdlib does not document; each is read or called only
+The library relies on six things the stdlib does not document; each is read or called only
 through a function here, and ``tests/test_stdlib.py`` fails loudly, naming the thing, when a
 Python changes one of them:
 
@@ -9,6 +9,11 @@ Python changes one of them:
   it, the settler checks that no user done-callback was added and sets a plain result on the
   monitor thread, so a callback added meanwhile waits and then runs on its adder's thread,
   never on the monitor (:func:`future_condition`; docs/design.md, "Threads: who owns what").
+* ``concurrent.futures.Future._waiters`` and ``threading.Condition._waiters`` — who waits for
+  a future: ``wait()``/``as_completed()`` put a waiter on the first, ``result()`` and
+  ``exception()`` block in the second. The monitor, having set a result someone waits for,
+  lets that thread have the interpreter lock at once (:func:`has_waiters`; docs/design.md,
+  "The monitor thread").
 * ``concurrent.futures.Future._done_callbacks`` — the list ``add_done_callback`` appends to,
   read (never changed) to tell the library's own callbacks (marked by :func:`own_callback`)
   from the user's (:func:`done_callbacks`, :func:`user_callbacks`).
@@ -51,6 +56,13 @@ def future_condition(future: Future[Any]) -> threading.Condition:
     """The condition ``future``'s own methods take (re-entrant: ``set_result`` may run under
     it)."""
     return future._condition  # typeshed declares it
+
+
+def has_waiters(future: Future[Any]) -> bool:
+    """Whether a thread waits for ``future``: blocked in its ``result()``/``exception()``, or in
+    ``wait()``/``as_completed()`` over it (read under :func:`future_condition`)."""
+    condition_waiters = future._condition._waiters  # type: ignore[attr-defined]
+    return bool(condition_waiters) or bool(future._waiters)
 
 
 def done_callbacks(future: Future[Any]) -> list[Callable[[Future[Any]], object]]:

@@ -4,11 +4,14 @@ callback run on the wrong thread somewhere else."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing import resource_tracker
 from typing import Any
@@ -46,6 +49,41 @@ def test_a_futures_condition_is_what_its_setters_and_add_done_callback_take() ->
         pending.set_result(2)
     adder.join(timeout=10)
     assert ran_on == ["adder"]
+
+
+def _waited_by(block: Callable[[Future[int]], object]) -> bool:
+    """Whether ``has_waiters`` sees a thread blocked in ``block(future)``; the future is then
+    set and the thread joined."""
+    future: Future[int] = Future()
+    thread = threading.Thread(target=block, args=(future,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with _stdlib.future_condition(future):
+                if _stdlib.has_waiters(future):
+                    return True
+            time.sleep(0.005)
+        return False
+    finally:
+        future.set_result(0)
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_has_waiters_sees_result_exception_wait_and_as_completed_and_nothing_else() -> None:
+    assert _waited_by(lambda f: f.result(timeout=30)), "Condition._waiters changed"
+    assert _waited_by(lambda f: f.exception(timeout=30)), "Condition._waiters changed"
+    assert _waited_by(lambda f: concurrent.futures.wait([f], timeout=30)), "Future._waiters changed"
+    assert _waited_by(lambda f: list(concurrent.futures.as_completed([f], timeout=30))), (
+        "Future._waiters changed"
+    )
+    alone: Future[int] = Future()
+    with _stdlib.future_condition(alone):
+        assert not _stdlib.has_waiters(alone)
+    alone.add_done_callback(lambda f: None)
+    with _stdlib.future_condition(alone):
+        assert not _stdlib.has_waiters(alone)  # a callback is not a waiter
 
 
 def test_done_callbacks_lists_what_add_done_callback_added_in_order() -> None:
