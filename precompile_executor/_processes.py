@@ -772,10 +772,11 @@ class WorkerRoster:
 #   ``Started`` and ``Done`` arrive together), split into ``multiprocessing.connection`` frames
 #   here; only a frame cut by the read is completed with blocking reads, as ``recv_bytes`` would.
 #   (``Connection.poll()`` after each message would build a new selector each time.)
-# * What the handlers leave for later (:meth:`Monitor.later`: the settles of a round's results)
-#   runs at the end of the round, once the next wait is prepared and just before it: the caller
-#   woken by a settled future then finds the interpreter lock free at once (the monitor is
-#   waiting), rather than after the monitor's next round of bookkeeping.
+# * What the handlers leave for later (:meth:`Monitor.later`: the settles of a read's results)
+#   runs once that read's messages are handled and its Runs written; a settle that woke a thread
+#   then gives it the interpreter lock at once (``Settler.settle_now``), rather than after the
+#   monitor's next round of bookkeeping. What is left for later outside a read runs just before
+#   the next wait.
 # * An error inside one round is logged and the loop goes on: the monitor never dies.
 
 log = logging.getLogger("precompile_executor")
@@ -990,6 +991,9 @@ class Monitor:
             unsent, self._unsent = self._unsent, None
             for worker in unsent:
                 self._hub.send(worker)
+        # This read's settles: after its Runs are written, before the next round's bookkeeping
+        # (a settle that woke a thread then hands it the interpreter lock: Settler.settle_now).
+        self._run_later()
         if ended:
             self._hub.reaper.eof(conn)
 
@@ -1433,8 +1437,8 @@ class Hub:
 
         Settles go last: a task's ``Done`` returns its worker, and the next task is on that
         worker's socket before its result is decoded and its future set, so the worker runs
-        meanwhile; on the monitor, they wait for the end of its round (:meth:`Monitor.later`)
-        (docs/design.md, "Per-task overhead")."""
+        meanwhile; on the monitor, they wait for the end of the read that brought them
+        (:meth:`Monitor.later`) (docs/design.md, "Per-task overhead")."""
         if self.memory.pending:
             self.memory.start_pending()
         wake = False
