@@ -259,6 +259,32 @@ def test_challengers_are_screens_at_or_below_the_best_full_timing() -> None:
 # -- screening: whole autotunes -----------------------------------------------------------------
 
 
+def _cold_screened_tune(
+    executor: PrecompileExecutor,
+    new_gpu: Callable[[], DryRunGPU],
+    cache_dir: Path,
+    seed: int,
+    *,
+    best_at: int,
+    load: float,
+) -> tuple[tuple[int, int], dict[tuple[int, int], float], DryRunGPU, ScriptedBenchmarker, Any]:
+    """One screened autotune from a cold caller cache (``cache_dir``): every config compiles in
+    the workers, two at a time, while the first ones are screened with ``load`` times their time;
+    the best config and its two rivals 1-3 % behind it drawn by the seed, seeded noise. Returns
+    the true best, the known times, the GPU, the benchmarker and the tuned kernel."""
+    keys = sorted(_times((128, 4), 0))
+    best = keys[(3 * seed + best_at) % len(keys)]
+    times = _times(best, seed)
+    with knobs.cache.scope():
+        knobs.cache.dir = str(cache_dir)
+        gpu = new_gpu()
+        benchmarker = ScriptedBenchmarker(gpu, times, seed=seed, load=load, executor=executor)
+        kernel = _autotune(gpu, benchmarker)
+        with pe_autotune.use(executor, screening=True):
+            kernel[GRID](*_args())
+    return best, times, gpu, benchmarker, kernel
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", range(4))
 def test_screening_keeps_the_true_best_with_fewer_full_timings_all_on_a_quiet_gpu(
@@ -267,19 +293,10 @@ def test_screening_keeps_the_true_best_with_fewer_full_timings_all_on_a_quiet_gp
     tmp_path: Path,
     seed: int,
 ) -> None:
-    # Each trial: a cold caller cache (every config compiles in the workers, two at a time, while
-    # the first ones are screened under a 1.08× load), the best config and its two rivals 1-3 %
-    # behind it drawn by the seed, seeded noise.
-    keys = sorted(_times((128, 4), 0))
-    best = keys[(3 * seed + 1) % len(keys)]
-    times = _times(best, seed)
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / f"cold-{seed}")
-        gpu = new_gpu()
-        benchmarker = ScriptedBenchmarker(gpu, times, seed=seed, load=1.08, executor=executor)
-        kernel = _autotune(gpu, benchmarker)
-        with pe_autotune.use(executor, screening=True):
-            kernel[GRID](*_args())
+    # Each trial: the first ones screened under a 1.08× load.
+    best, times, gpu, benchmarker, kernel = _cold_screened_tune(
+        executor, new_gpu, tmp_path / f"cold-{seed}", seed, best_at=1, load=1.08
+    )
     chosen = (kernel.best_config.kwargs["BLOCK"], kernel.best_config.num_warps)
     assert chosen == best
     assert _key(gpu.launches[-1]) == best
@@ -307,21 +324,12 @@ def test_a_screen_taken_under_any_load_is_taken_again_before_it_ranks(
     # GIL for tens of ms at a time, and a stall in Triton's 5-launch estimate leaves a screen
     # a handful of repetitions. Here a busy CPU doubles every screen: the true best, screened
     # loud, lies far beyond CONFIRM_MARGIN of a config screened quietly, and still wins.
-    keys = sorted(_times((128, 4), 0))
-    best = keys[(3 * seed + 2) % len(keys)]
-    times = _times(best, seed)
-    with knobs.cache.scope():
-        knobs.cache.dir = str(tmp_path / f"cold-{seed}")
-        gpu = new_gpu()
-        benchmarker = ScriptedBenchmarker(gpu, times, seed=seed, load=2.0, executor=executor)
-        kernel = _autotune(gpu, benchmarker)
-        name = _autotune_guard.kernel_name(kernel)
-        known = pe_autotune.statistics().get(name)
-        before = (
-            (0, 0, 0) if known is None else (known.screened, known.rescreened, known.timed_in_full)
-        )
-        with pe_autotune.use(executor, screening=True):
-            kernel[GRID](*_args())
+    name = _autotune_guard.kernel_name(scale_jit)
+    known = pe_autotune.statistics().get(name)
+    before = (0, 0, 0) if known is None else (known.screened, known.rescreened, known.timed_in_full)
+    best, _, _, benchmarker, kernel = _cold_screened_tune(
+        executor, new_gpu, tmp_path / f"cold-{seed}", seed, best_at=2, load=2.0
+    )
     assert (kernel.best_config.kwargs["BLOCK"], kernel.best_config.num_warps) == best
     loud = {k for k, rep, unfinished in benchmarker.calls if unfinished and rep < FULL_REP_MS}
     assert loud  # screened under load
