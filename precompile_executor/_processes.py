@@ -177,8 +177,6 @@ class Owner(Protocol):
 
     def pump(self) -> list[Action]: ...
 
-    def waiting(self) -> bool: ...
-
     def task_lost(self, task: Task, *, counted: bool = True) -> list[Action]: ...
 
     def task_failed(self, task: Task, error: BaseException) -> list[Action]: ...
@@ -1654,10 +1652,8 @@ class Hub:
                 # max_tasks_per_child reached: the worker leaves on its own; a new one replaces
                 # it at once (from the warm template: milliseconds).
                 self.roster.forget(worker)
-            # On the monitor amid one read's messages, an owner with tasks queued pumps once
-            # after the last (their Runs go in one write); with none queued it pumps here, as
-            # nothing can start later: a lone round trip's settle waits for no second pump.
-            later = task.owner.waiting() and self.monitor.pump_later(task.owner)
+            # On the monitor amid one read's messages, the owner pumps once after the last.
+            later = self.monitor.pump_later(task.owner)
             actions += task.owner.task_returned(task, (message, worker.pid), pump=not later)
             if (message.retire or message.recycle) and worker.owner is not None:
                 actions += worker.owner.worker_gone(

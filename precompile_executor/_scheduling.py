@@ -178,11 +178,6 @@ class Scheduler:
         held)."""
         self.settler.failed += 1
 
-    def waiting(self) -> bool:
-        """Whether any task is queued, cancelled ones included (lock held): cheaper than
-        :meth:`queued` where a false "yes" only costs a pump."""
-        return any(self.queues.values())
-
     def queued(self) -> list[Task]:
         """Tasks waiting for a worker whose futures are not cancelled (lock held)."""
         return [t for q in self.queues.values() for _, t in q if not t.future.cancelled()]
