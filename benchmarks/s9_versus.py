@@ -232,9 +232,16 @@ def run(ctx: Context) -> Section:
     )
     where = {name: r[0]["where"] for name, r in runs.items() if name != stdlib}
     notes.append("Library imported from: " + "; ".join(f"{n}: `{p}`" for n, p in where.items()))
+    # The project's overhead goals (docs/benchmarks.md, "per-task overhead"); single rounds of one
+    # tree differ by up to 30 % here, so judge them on --long --repeats 9 or more.
     targets = [
-        Target("map, ours / stdlib fork", med(ours, "map_s") / med(stdlib, "map_s"), "<=", 0.9),
-        Target("round trip, ours / stdlib fork", med(ours, "rt_s") / med(stdlib, "rt_s"), "<=", 1),
+        Target("map, ours / stdlib fork", med(ours, "map_s") / med(stdlib, "map_s"), "<=", 0.6),
+        Target(
+            "round trip, ours / stdlib fork",
+            med(ours, "rt_s") / med(stdlib, "rt_s"),
+            "<=",
+            0.8,
+        ),
     ]
     if short:
         batch = med(ours, "batch_s") / med(theirs, "batch_s")
