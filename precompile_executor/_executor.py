@@ -72,7 +72,6 @@ from ._errors import Classification
 from ._processes import Task, current_hub, get_hub
 from ._records import DEFAULT_IDLE_TIMEOUT_S, ExecutorStatistics, Settings, TaskTimeline
 from ._scheduling import Scheduler
-from ._stdlib import own_callback
 from ._validate import (
     check_count,
     check_flag,
@@ -332,7 +331,7 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
             predicted_s=costs.estimate(cost) * len(calls),
             memory_limit=opts.memory_limit,
         )
-        future.add_done_callback(_CancelWatch(scheduler, task))
+        future.add_done_callback(scheduler.watch_cancel)
         with scheduler.lock:
             scheduler.check_open()
             actions = scheduler.enqueue_predicted(task)
@@ -519,32 +518,6 @@ def pickle_arguments(calls: list[Call]) -> bytes:
             blob: bytes = cloudpickle.dumps(pairs, _PROTOCOL)
             return blob
     return pickle.dumps(pairs, _PROTOCOL)
-
-
-@own_callback
-class _CancelWatch:
-    """A task's future's done-callback (any thread): if the user cancelled it while queued, the
-    scheduler notifies its waiters at once.
-
-    One slotted object (and its weak reference) per task: it lives as long as the future, and
-    each object it adds is traced by every garbage collection while the task is queued
-    (docs/design.md, "Per-task overhead"). The task is held weakly: the future must not keep its
-    task (and the task its future) alive.
-    """
-
-    __slots__ = ("_scheduler", "_task")
-
-    def __init__(self, scheduler: Scheduler, task: Task) -> None:
-        self._scheduler = scheduler
-        self._task = weakref.ref(task)
-
-    def __call__(self, future: Future[Any]) -> None:
-        if not future.cancelled():
-            return
-        task = self._task()
-        if task is not None:
-            with self._scheduler.lock:
-                self._scheduler.cancelled_by_user(task)
 
 
 def stop_idle_workers(key: bytes | None = None) -> int:

@@ -32,6 +32,7 @@ its cost model; the settle that leaves the executor idle writes the history file
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import threading
@@ -99,6 +100,22 @@ MAX_REQUEUES = 3
 row it fails (something kills every worker it reaches). A started task is never run again."""
 
 
+@_stdlib.own_callback
+def _watch_cancel(scheduler_ref: weakref.ref[Scheduler], future: Future[Any]) -> None:
+    """Every queued task's done-callback, one per executor (any thread): a future the user
+    cancelled while its task was queued has its waiters notified at once, not when the queue
+    reaches it. The executor is held weakly: a future must not keep it alive."""
+    if not future.cancelled():
+        return
+    scheduler = scheduler_ref()
+    if scheduler is None:
+        return
+    with scheduler.lock:
+        task = scheduler.cancellable.get(future)
+        if task is not None:
+            scheduler.cancelled_by_user(task)
+
+
 class Scheduler:
     """The scheduling state of one executor (see the module doc): its queues, its tasks in
     flight, its counters; its workers (:attr:`worker_manager`) and its settler (:attr:`settler`).
@@ -122,6 +139,11 @@ class Scheduler:
             "spawn": [],
             "fork": [],
         }
+        # Queued tasks whose futures the user may still cancel, by future: the executor's one
+        # cancel watch finds the task here, so a queued task carries no callback object of its
+        # own for the collector to trace (docs/design.md, "Per-task overhead").
+        self.cancellable: dict[Future[Any], Task] = {}
+        self.watch_cancel = functools.partial(_watch_cancel, weakref.ref(self))
         self.in_flight: set[Task] = set()  # SENT or STARTED: each holds one of max_workers
         self.ahead: set[Task] = set()  # SENT behind a worker's task (WorkerHandle.ahead)
         self.sent_ahead = 0  # tasks ever sent ahead (statistics)
@@ -171,6 +193,8 @@ class Scheduler:
         if task.queued_at is None:
             task.queued_at = time.monotonic()
         heapq.heappush(self.queues[task.path], (task.sort_key(), task))
+        if not task.future_running:  # a re-queued task's future can no longer be cancelled
+            self.cancellable[task.future] = task
         return self.pump()
 
     def count_unsendable(self) -> None:
@@ -368,6 +392,7 @@ class Scheduler:
         """Call the future's ``set_running_or_notify_cancel()``, once per task whoever asks:
         True, RUNNING (it may start); False, the user cancelled it, and its waiters are
         notified, so ``wait()`` and ``as_completed()`` see it (lock held)."""
+        self.cancellable.pop(task.future, None)  # claimed either way: nothing left to watch
         if task.future_running:
             return True
         if task.cancel_notified:
