@@ -135,10 +135,12 @@ class Scheduler:
         # Where this executor's durations are predicted from and recorded in (its views too).
         path = settings.cost_history
         self.cost_model = CostModel() if path is None else shared_model(path)
-        self.queues: dict[str, list[tuple[tuple[float, float, int], Task]]] = {
-            "spawn": [],
-            "fork": [],
-        }
+        # Each path's heap holds sort keys (Task.sort_key: numbers only, so the collector stops
+        # tracing them), the tasks themselves are in ``waiting`` under their ids (the key's last
+        # field): an entry holding its task would be one more object traced per queued task
+        # (docs/design.md, "Per-task overhead").
+        self.queues: dict[str, list[tuple[float, float, int]]] = {"spawn": [], "fork": []}
+        self.waiting: dict[int, Task] = {}  # every queued task, by id
         # Queued tasks whose futures the user may still cancel, by future: the executor's one
         # cancel watch finds the task here, so a queued task carries no callback object of its
         # own for the collector to trace (docs/design.md, "Per-task overhead").
@@ -192,7 +194,9 @@ class Scheduler:
     def enqueue(self, task: Task) -> list[Action]:
         if task.queued_at is None:
             task.queued_at = time.monotonic()
-        heapq.heappush(self.queues[task.path], (task.sort_key(), task))
+        key = task.sort_key()
+        heapq.heappush(self.queues[task.path], key)
+        self.waiting[key[2]] = task
         if not task.future_running:  # a re-queued task's future can no longer be cancelled
             self.cancellable[task.future] = task
         return self.pump()
@@ -204,7 +208,7 @@ class Scheduler:
 
     def queued(self) -> list[Task]:
         """Tasks waiting for a worker whose futures are not cancelled (lock held)."""
-        return [t for q in self.queues.values() for _, t in q if not t.future.cancelled()]
+        return [t for t in self.waiting.values() if not t.future.cancelled()]
 
     def busy(self) -> bool:
         """Whether anything of this executor is queued, in flight, unsettled or being saved
@@ -345,7 +349,7 @@ class Scheduler:
     def _pop_claimed(self, path: str) -> Task | None:
         """Take ``path``'s head off its queue and claim it; ``None`` if the user cancelled it
         meanwhile (then it is dropped and counted)."""
-        _, task = heapq.heappop(self.queues[path])
+        task = self.waiting.pop(heapq.heappop(self.queues[path])[2])
         if self.claim(task):
             return task
         task.close()
@@ -355,10 +359,10 @@ class Scheduler:
     def _head(self, path: str) -> Task | None:
         queue = self.queues[path]
         while queue:
-            task = queue[0][1]
+            task = self.waiting[queue[0][2]]
             if task.future_running or not task.future.cancelled():
                 return task
-            heapq.heappop(queue)
+            del self.waiting[heapq.heappop(queue)[2]]
             self.claim(task)  # False: cancelled (notified now if it was not yet)
             task.close()
             self.cancelled += 1
@@ -381,7 +385,8 @@ class Scheduler:
         """Queued spawn tasks not cancelled, counted up to ``limit`` (no decision needs more):
         the pump runs after every task, so it must not walk a queue of thousands."""
         n = 0
-        for _, task in self.queues["spawn"]:
+        for key in self.queues["spawn"]:
+            task = self.waiting[key[2]]
             if task.future_running or not task.future.cancelled():
                 n += 1
                 if n >= limit:
@@ -509,7 +514,8 @@ class Scheduler:
         # What waits for a worker fails.
         actions: list[Action] = []
         for queue in self.queues.values():
-            for _, task in queue:
+            for key in queue:
+                task = self.waiting.pop(key[2])
                 if self.claim(task):
                     actions += self._close(task, _start_error(error))
                 else:
@@ -530,13 +536,14 @@ class Scheduler:
         actions: list[Action] = []
         for name, queue in self.queues.items():
             keep = []
-            for entry in queue:
-                task = entry[1]
+            for key in queue:
+                task = self.waiting[key[2]]
+                if task.future_running and not also_requeued:
+                    keep.append(key)
+                    continue
+                del self.waiting[key[2]]
                 if task.future_running:
-                    if also_requeued:
-                        actions += self._close(task, CancelledError("cancelled before it started"))
-                    else:
-                        keep.append(entry)
+                    actions += self._close(task, CancelledError("cancelled before it started"))
                 elif task.future.cancel():
                     self.claim(task)  # notified (its done-callback may have done it already)
                     task.close()
@@ -686,7 +693,7 @@ class Scheduler:
     def statistics(self) -> ExecutorStatistics:
         """An immutable snapshot of the counters, the queue and the workers."""
         with self.lock:
-            queued = [t for q in self.queues.values() for _, t in q]
+            queued = list(self.waiting.values())
             waiting = sum(1 for t in queued if t.future_running or not t.future.cancelled())
             settler = self.settler
             return ExecutorStatistics(
