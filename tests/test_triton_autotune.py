@@ -332,7 +332,7 @@ def test_use_and_install_refuse_what_is_not_an_executor_and_patch_nothing(bad: A
 
 
 @pytest.mark.timeout(60)
-def test_a_shut_down_executor_is_reported_once_and_its_tunes_compile_here(
+def test_a_shut_down_executor_is_reported_once_until_reset_and_its_tunes_compile_here(
     gpu: DryRunGPU, compile_log: CompileLog, caplog: pytest.LogCaptureFixture
 ) -> None:
     closed = PrecompileExecutor(1)
@@ -349,6 +349,15 @@ def test_a_shut_down_executor_is_reported_once_and_its_tunes_compile_here(
     assert len(warnings) == 1, warnings
     assert "shut down" in warnings[0] and "PrecompileExecutor" in warnings[0]
     assert "compiles its configs in this process" in warnings[0]
+    # reset() forgets whom it told, as it forgets the rest: the same executor is reported again.
+    pe_triton.state.reset()
+    caplog.clear()
+    fresh = [triton.Config({"BLOCK": 64}, num_warps=1), triton.Config({"BLOCK": 128}, num_warps=1)]
+    again = triton.autotune(configs=fresh, key=["n"], do_bench=bench)(double_jit)  # not compiled
+    with caplog.at_level(logging.WARNING, logger=LOGGER), pe_autotune.use(closed):
+        again[GRID](*_double_args())
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warnings) == 1 and "shut down" in warnings[0], warnings
 
 
 @pytest.mark.timeout(120)

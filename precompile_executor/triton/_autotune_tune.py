@@ -125,10 +125,6 @@ _tuning_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKey
 _tuning_locks_lock = threading.Lock()
 
 
-_refused_by: weakref.WeakSet[Any] = weakref.WeakSet()
-_refused_lock = threading.Lock()
-
-
 def _refusal(error: BaseException | None) -> bool:
     """Whether a config's send failed because the executor takes no tasks: broken
     (``BrokenExecutor``) or shut down (the ``RuntimeError`` whose message the stdlib's pools and
@@ -142,11 +138,11 @@ def _report_refusal(executor: Any, autotuner: Any, error: BaseException) -> None
     """Warn, once per executor, that it refused a tune's compiles: every tune it refuses then
     compiles in this process, as stock Triton does — correct, but not what ``use(executor)``
     asked for, so it must not pass unseen (a debug line per config says the rest)."""
-    with _refused_lock:
+    with STATE.lock:
         try:
-            if executor in _refused_by:
+            if executor in STATE.refused:
                 return
-            _refused_by.add(executor)
+            STATE.refused.add(executor)
         except TypeError:  # not weak-referenceable: report every time rather than never
             pass
     logger.warning(

@@ -60,7 +60,7 @@ class TritonState:
         originals: Triton's ``Autotuner.run``, ``prune_configs`` and ``_bench`` as found before
             the seam replaced them (empty: never patched); kept after they are put back.
         lock: guards :attr:`default`, :attr:`warming`, :attr:`announced`, :attr:`lanes` and
-            :attr:`unscreened` (never held while asking the scope).
+            :attr:`unscreened` and :attr:`refused` (never held while asking the scope).
         default: the default executor, once built (a ``PrecompileExecutor``).
         warming: the default executor's background warm-up thread, once started.
         announced: per executor (weakly), the kernel modules its workers were asked to import.
@@ -68,6 +68,8 @@ class TritonState:
         lanes: the caller lanes (a ``_lanes.CallerLanes``), once built.
         unscreened: the autotuners (weakly) already told that screening cannot shorten their
             timings.
+        refused: the executors (weakly) already reported for refusing a tune's compiles (shut
+            down or broken): each is reported once.
     """
 
     def __init__(self) -> None:
@@ -82,6 +84,7 @@ class TritonState:
         self.compiles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self.lanes: Any = None
         self.unscreened: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.refused: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def executor(self) -> Any:
         """The scope's executor for an autotune starting now in this context: an executor,
@@ -104,8 +107,9 @@ class TritonState:
         4. shuts the caller lanes down (compiles running in them finish on their threads);
         5. forgets the default executor, its warm-up thread, the lanes, every announced module,
            where each kernel's configs compiled (kernels sent to stock Triton by the guard
-           are tuned through the integration again) and which autotuners were told they are
-           not screened (they are told again): the next ``precompile()`` or
+           are tuned through the integration again), which autotuners were told they are
+           not screened and which executors were reported for refusing compiles (they are told
+           again): the next ``precompile()`` or
            ``autotune.use()`` builds a new executor and announces again. :attr:`originals` and
            the settings (``STEALS``, ``CONFIRM_MARGIN``, ``CALLER_LANES``, ``PREIMPORTS``) are
            left as they are.
@@ -117,6 +121,7 @@ class TritonState:
             self.announced = weakref.WeakKeyDictionary()
             self.compiles = weakref.WeakKeyDictionary()
             self.unscreened = weakref.WeakSet()
+            self.refused = weakref.WeakSet()
         if default is not None:
             terminate = getattr(default, "terminate_workers", None)
             if callable(terminate):
