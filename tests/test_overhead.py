@@ -12,6 +12,8 @@ recently observed keys.
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
 import os
 import pickle
 import socket
@@ -22,9 +24,6 @@ import types
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
-
-import concurrent.futures
-import gc
 
 import cloudpickle
 import crashers
