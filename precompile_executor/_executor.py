@@ -291,8 +291,9 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
         self, opts: TaskOptions, calls: list[Call], *, chunked: bool, prepared: Any
     ) -> Future[Any]:
         scheduler = self._backend
-        with scheduler.lock:
-            scheduler.check_open()
+        # Refused early, before anything is pickled; read without the lock (flags only ever
+        # set), and decided again under it below.
+        scheduler.check_open()
         future: Future[Any] = Future()
         path: Literal["spawn", "fork"] = "fork" if opts.path == "fork" else "spawn"
         blob = None
@@ -331,11 +332,15 @@ class PrecompileExecutor(BaseExecutor[Scheduler]):
             predicted_s=costs.estimate(cost) * len(calls),
             memory_limit=opts.memory_limit,
         )
-        future.add_done_callback(scheduler.watch_cancel)
         with scheduler.lock:
             scheduler.check_open()
             actions = scheduler.enqueue_predicted(task)
         scheduler.hub.run(actions)
+        if not task.future_running:
+            # Still queued: a cancel() must notify its waiters at once. Nobody else holds the
+            # future yet, so none can come before this; one dispatched at once (the common,
+            # warm case) is running and cannot be cancelled: no callback to add or to call.
+            future.add_done_callback(scheduler.watch_cancel)
         return future
 
     def _cost_of(self, opts: TaskOptions, calls: list[Call]) -> tuple[CostKey, CostModel]:

@@ -170,7 +170,8 @@ class Scheduler:
     # -- submitting (lock held) -----------------------------------------------------------------
 
     def check_open(self) -> None:
-        """Raise if no task may be submitted now (lock held)."""
+        """Raise if no task may be submitted now. Decided under the lock; also read before it
+        (an early refusal): each flag, once set, stays set."""
         if self.hub.exiting or self.hub.closed:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
         if self.broken is not None:

@@ -5,6 +5,7 @@ hand-off), anything that may run user code or import on a settle thread (docs/de
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -67,6 +68,18 @@ def test_the_executor_and_its_views_attach_only_their_own_callbacks(
     future = Future[Any]()
     future.add_done_callback(lambda _: None)
     assert user_callbacks(future)
+
+
+def test_a_task_dispatched_at_once_carries_no_cancel_watch(executor: PrecompileExecutor) -> None:
+    """Sent to an idle worker by submit() itself, the future is running before the caller has
+    it and can never be cancelled: it carries the hand-off's count only, one callback fewer for
+    the monitor to call as it sets each result. A queued one (above) keeps its watch."""
+    executor.warm_up(timeout=60)
+    future = executor.submit(time.sleep, 0.5)
+    assert future.running()
+    assert len(done_callbacks(future)) == 1, done_callbacks(future)
+    assert not future.cancel()
+    assert future.result(timeout=60) is None
 
 
 def test_a_views_plain_results_are_settled_on_the_monitor(
