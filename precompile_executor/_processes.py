@@ -232,6 +232,7 @@ class Task:
     predicted_s: float = 0.0  # the model's estimate when it was submitted (whole chunk)
     ahead_s: float = 0.0  # sent ahead: the model's estimate then (0: unknown)
     memory_limit: int | None = None  # bytes its process group may hold (options(memory_limit=))
+    lone: bool = False  # sent with nothing of its executor queued (Run.lone)
     memory_peak: int = (
         0  # the charge that passed memory_limit (set when its kill is ordered for it)
     )
@@ -1496,7 +1497,7 @@ class Hub:
         messages = []
         for task in tasks:
             assert task.blob is not None
-            messages.append(encode(Run(task.id, task.n, task.want_output, task.blob)))
+            messages.append(encode(Run(task.id, task.n, task.want_output, task.blob, task.lone)))
         if log.isEnabledFor(logging.DEBUG):
             ids = [task.id for task in tasks]
             log.debug("tasks %s on the spawn path, worker pid %d", ids, worker.pid)

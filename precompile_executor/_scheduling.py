@@ -352,6 +352,7 @@ class Scheduler:
         meanwhile (then it is dropped and counted)."""
         task = self.waiting.pop(heapq.heappop(self.queues[path])[2])
         if self.claim(task):
+            task.lone = not self.waiting  # Run.lone
             return task
         task.close()
         self.cancelled += 1

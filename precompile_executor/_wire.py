@@ -28,6 +28,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
@@ -38,12 +39,16 @@ Outcome = tuple[bool, Any]
 
 
 class Run(NamedTuple):
-    """Run one task: ``blob`` pickles ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``."""
+    """Run one task: ``blob`` pickles ``(cloudpickled fn, cloudpickled [(args, kwargs), ...])``.
+    ``lone``: nothing of its executor was queued when it was sent (its caller may be waiting for
+    its result before it submits more: the worker polls for the next ``Run`` a moment after a
+    short one, :data:`._worker.LINGER_S`)."""
 
     task_id: int
     n_calls: int
     want_output: bool
     blob: bytes
+    lone: bool = False
 
 
 class Stop(NamedTuple):
@@ -410,6 +415,26 @@ class FrameReader:
             pos = start + size
         self.pos = pos
         return frames
+
+    def await_bytes(self, seconds: float) -> bool:
+        """Poll the socket, without sleeping in a read, for up to ``seconds`` until bytes come
+        (kept for :meth:`next`) or its end does; the CPU is offered to others between polls
+        (``sched_yield``). Whether anything came; ``False`` at once without the C library. A
+        read that sleeps costs a wake-up when the bytes come, tens of microseconds on a VM: the
+        worker's wait for a caller that submits one task at a time."""
+        if _libc is None:
+            return False
+        end = time.perf_counter() + seconds
+        while True:
+            got = recv_now(self.fd, READ_CHUNK_BYTES)
+            if got is not None:
+                if got:  # b"": the end, which next()'s own read reports
+                    self.data = self.data[self.pos :] + got
+                    self.pos = 0
+                return True
+            if time.perf_counter() >= end:
+                return False
+            os.sched_yield()
 
     def next(self) -> bytes:
         """The next frame; raises ``EOFError`` when the stream ends (inside a frame too)."""

@@ -19,6 +19,7 @@ import pickle
 import re
 import resource
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Client, Connection
@@ -417,6 +418,19 @@ def connect_and_initialize(
     return conn, capture, failure is None
 
 
+LINGER_S = 200e-6
+"""How long a worker polls for the next ``Run`` after a short lone task (``Run.lone``) before it
+sleeps in a read. A caller that submits one task at a time sends the next within this (its
+result's way back and its next ``submit()``: ~130 µs on 2 cores), and finds the worker awake
+instead of paying its wake-up (~30 µs on a VM): a warm round trip 0.77× as long (docs/benchmarks.md,
+"Per-task overhead"). Not after a task sent with others queued behind it: a ``map``'s workers
+are fed ahead, and polling workers would take the CPU its caller and monitor need."""
+
+LINGER_AFTER_S = 0.01
+"""Only after a task shorter than this: after a long one (a compile) the ~200 µs would be spent
+for a wake-up that is noise beside the task."""
+
+
 def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None = None) -> None:
     """Run each task the parent sends until it says stop or goes away, or (``max_tasks``)
     until this many tasks ran: the last one's ``Done`` says ``recycle``, and the process ends.
@@ -441,6 +455,7 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
                 pending = None
             else:
                 write_frame(fd, started)
+            began = time.monotonic()
             outcomes, output, plain = execute(
                 message.blob, message.n_calls, message.want_output, capture
             )
@@ -455,6 +470,8 @@ def serve_tasks(conn: Connection, capture: OutputCapture, max_tasks: int | None 
                 pending = done  # the next Run is here: its Started goes with this
             else:
                 write_frame(fd, done)
+                if message.lone and time.monotonic() - began < LINGER_AFTER_S:
+                    frames.await_bytes(LINGER_S)
         if pending is not None:
             write_frame(fd, pending)
     except (EOFError, OSError):

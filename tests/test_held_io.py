@@ -125,3 +125,29 @@ def test_a_socket_read_soon_takes_what_comes_within_its_wait_and_gives_up_after_
         assert got == b"rest of a frame"
         theirs.shutdown(socket.SHUT_WR)
         assert _wire.recv_soon(ours.fileno(), 64, 1000) == b""  # the end, at once
+
+
+def test_a_frame_reader_awaits_bytes_briefly_and_keeps_them_for_its_next_frame() -> None:
+    """A worker after a lone short task polls for the next ``Run`` a moment instead of sleeping
+    in a read (docs/design.md, "Per-task overhead"): what comes is kept for ``next()``, nothing
+    coming ends the wait, and the stream's end is left for ``next()`` to report."""
+    import threading
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        reader = _wire.FrameReader(ours.fileno())
+        assert reader.await_bytes(0.001) is False  # nothing came: no wait past its time
+        body = _wire.encode(_wire.Run(7, 1, False, b"blob"))
+        frame = _wire.FRAME_SIZE.pack(len(body)) + body
+        sender = threading.Timer(0.05, theirs.sendall, (frame,))
+        sender.start()
+        try:
+            assert reader.await_bytes(20.0) is True
+        finally:
+            sender.join(20)
+        assert reader.has_frame()
+        assert _wire.decode(reader.next()) == _wire.Run(7, 1, False, b"blob")
+        theirs.shutdown(socket.SHUT_WR)
+        assert reader.await_bytes(20.0) is True  # the end counts as something that came
+        with pytest.raises(EOFError):
+            reader.next()

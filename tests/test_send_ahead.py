@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from concurrent.futures import CancelledError, wait
 
 import crashers
@@ -251,3 +252,31 @@ def test_every_no_op_sent_ahead_of_a_crash_runs_again_and_the_crash_fails_alone(
     stats = one_worker.statistics()
     assert stats.sent_ahead - before >= 2
     assert stats.crashed == 1 and stats.running == 0
+
+
+def test_a_run_says_whether_anything_was_queued_behind_it_when_it_was_sent(
+    one_worker: PrecompileExecutor,
+) -> None:
+    """``Run.lone``: nothing of its executor was queued when it was sent, so its caller may be
+    waiting for its result before submitting more, and the worker polls for the next ``Run`` a
+    moment after it (docs/design.md, "Per-task overhead"). Tasks sent from a queue say no, the
+    last one sent yes."""
+    hub = one_worker._backend.hub
+    write = hub._write_runs
+    flags: list[bool] = []
+
+    def noted_write(worker: object, tasks: list[Any]) -> None:
+        flags.extend(task.lone for task in tasks)
+        write(worker, tasks)
+
+    hub._write_runs = noted_write
+    try:
+        assert one_worker.submit(crashers.square, 3).result(timeout=30) == 9
+        assert flags == [True]
+        flags.clear()
+        with one_worker.batch():
+            futures = [one_worker.submit(crashers.square, x) for x in range(4)]
+        assert [f.result(timeout=30) for f in futures] == [0, 1, 4, 9]
+    finally:
+        del hub._write_runs
+    assert flags == [False, False, False, True]
