@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 from concurrent.futures import CancelledError, wait
+from typing import Any
 
 import crashers
 import pytest
