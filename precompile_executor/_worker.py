@@ -422,9 +422,10 @@ LINGER_S = 200e-6
 """How long a worker polls for the next ``Run`` after a short lone task (``Run.lone``) before it
 sleeps in a read. A caller that submits one task at a time sends the next within this (its
 result's way back and its next ``submit()``: ~130 µs on 2 cores), and finds the worker awake
-instead of paying its wake-up (~30 µs on a VM): a warm round trip 0.77× as long (docs/benchmarks.md,
-"Per-task overhead"). Not after a task sent with others queued behind it: a ``map``'s workers
-are fed ahead, and polling workers would take the CPU its caller and monitor need."""
+instead of paying its wake-up (~30 µs on a VM): a warm round trip 0.79–0.81× as long on 2 cores
+(docs/benchmarks.md, "Per-task overhead"). Not after a task sent with others queued behind
+it: a ``map``'s workers are fed ahead, and polling workers would take the CPU its caller and
+monitor need."""
 
 LINGER_AFTER_S = 0.01
 """Only after a task shorter than this: after a long one (a compile) the ~200 µs would be spent
